@@ -1,0 +1,92 @@
+"""Paged attention behind one interface.
+
+K/V of the new tokens are already in the cache when `forward` runs, so every backend reads keys and values
+only through the page table.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .batch import ForwardBatch
+from .kv_cache import KVCache
+
+
+class TorchAttention:
+    """Portable path (CPU and GPU): gathers each request's pages and calls SDPA."""
+
+    name = "torch"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+
+    def forward(self, layer: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        if batch.is_decode:
+            return self.decode(layer, q, batch, kv)
+        return self.extend(layer, q, batch, kv)
+
+    def extend(self, layer: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        out = torch.empty_like(q)
+        start = 0
+        for i, (ext, seq_len) in enumerate(zip(batch.extend_lens, batch.seq_lens_host)):
+            slots = _slots(batch.page_table[i : i + 1], kv.page_size)[0, :seq_len]
+            k, v = kv.k[layer][slots], kv.v[layer][slots]
+            q_pos = torch.arange(seq_len - ext, seq_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # causal, offset by the prefix
+            o = F.scaled_dot_product_attention(
+                q[start : start + ext].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                attn_mask=mask, enable_gqa=True)
+            out[start : start + ext] = o.transpose(0, 1)
+            start += ext
+        return out.flatten(1)
+
+    def decode(self, layer: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        slots = _slots(batch.page_table, kv.page_size)                       # [B, L]
+        k, v = kv.k[layer][slots], kv.v[layer][slots]                         # [B, L, Hk, D]
+        mask = torch.arange(slots.shape[1], device=q.device)[None, :] < batch.seq_lens[:, None]
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None, :], enable_gqa=True)
+        return o.flatten(1)
+
+
+def _slots(page_table: torch.Tensor, page_size: int) -> torch.Tensor:
+    offsets = torch.arange(page_size, device=page_table.device, dtype=torch.int64)
+    return (page_table.long()[:, :, None] * page_size + offsets).flatten(1)
+
+
+class TritonAttention(TorchAttention):
+    """Split-KV paged decode kernel in Triton; extend steps use the SDPA path."""
+
+    name = "triton"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, max_batch_size: int, device: torch.device,
+                 num_splits: int = 8):
+        super().__init__(num_heads, num_kv_heads, head_dim)
+        self.num_splits = num_splits
+        # Scratch for the two-stage reduction; allocated once so CUDA graphs see fixed addresses.
+        self.mid_out = torch.empty((max_batch_size, num_heads, num_splits, head_dim), dtype=torch.float32, device=device)
+        self.mid_lse = torch.empty((max_batch_size, num_heads, num_splits), dtype=torch.float32, device=device)
+
+    def decode(self, layer: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        from .kernels.triton_attention import paged_decode
+        out = torch.empty_like(q)
+        bs = q.shape[0]
+        paged_decode(q, kv.k[layer], kv.v[layer], batch.page_table, batch.seq_lens, out,
+                     self.mid_out[:bs], self.mid_lse[:bs], kv.page_size)
+        return out.flatten(1)
+
+
+def select_attention(preferred: str, device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int,
+                     max_batch_size: int) -> TorchAttention:
+    if preferred not in ("auto", "torch", "triton"):
+        raise ValueError(f"unknown attention backend {preferred!r} (choose auto, torch or triton)")
+    if preferred == "triton" or (preferred == "auto" and device.type == "cuda"):
+        if device.type != "cuda":
+            raise ValueError("the triton attention backend needs a CUDA device")
+        try:
+            import triton  # noqa: F401
+            return TritonAttention(num_heads, num_kv_heads, head_dim, max_batch_size, device)
+        except ImportError:
+            if preferred == "triton":
+                raise
+    return TorchAttention(num_heads, num_kv_heads, head_dim)

@@ -1,0 +1,1 @@
+"""SEIS: Self-Evolving Inference Systems."""
