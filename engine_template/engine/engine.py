@@ -217,7 +217,7 @@ class Engine:
         return ForwardBatch(
             False, _tensor(ids, dev), _tensor(positions, dev), _tensor(slots, dev),
             _tensor(seq, dev, torch.int32),
-            self.page_table.table[_tensor([r.row for r, _, _ in items], dev), :width],
+            self.page_table.table.index_select(0, _tensor([r.row for r, _, _ in items], dev))[:, :width],
             _tensor(logit_rows, dev), tuple(ext), tuple(seq))
 
     def _decode(self, running: list[Request]) -> torch.Tensor:
@@ -230,10 +230,10 @@ class Engine:
         packed = torch.tensor(cols, dtype=torch.int64).T.contiguous().to(self.device, non_blocking=True)
         if padded:
             self._counters["graph_replays"] += 1
-            return self.graphs.replay(packed[:4], self.page_table.table[packed[4]], bs)
+            return self.graphs.replay(packed[:4], self.page_table.table.index_select(0, packed[4]), bs)
         width = math.ceil(max(r.seq_len for r in running) / ps)
         batch = ForwardBatch(True, packed[0], packed[1], packed[2], packed[3].to(torch.int32),
-                             self.page_table.table[packed[4], :width],
+                             self.page_table.table.index_select(0, packed[4])[:, :width],
                              torch.arange(bs, device=self.device))
         return self._forward(batch)
 

@@ -68,7 +68,7 @@ class CausalLM:
         for layer in self.layers:
             hidden, residual = layer.forward(hidden, residual, batch, attn, kv, self.cos_sin)
         hidden, _ = self.ops.add_rmsnorm(hidden, residual, self.norm, self.cfg.rms_norm_eps)
-        return F.linear(hidden[batch.logit_rows], self.lm_head).float()
+        return F.linear(hidden.index_select(0, batch.logit_rows), self.lm_head).float()
 
 
 def rope_cache(head_dim: int, theta: float, max_positions: int, device: torch.device) -> torch.Tensor:

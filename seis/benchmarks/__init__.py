@@ -1,0 +1,1 @@
+"""Benchmarks run as their own processes (python -m seis.benchmarks.NAME)."""

@@ -1,0 +1,194 @@
+"""E0 against Hugging Face transformers on CPU (float32): tokens, logits, scoring, batching, errors."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from seis.models import resolve_model
+
+NEW = 24
+
+
+def _hf(model_dir):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def _hf_greedy(hf, prompt, n=NEW):
+    """Plain argmax decoding with HF's KV cache (generate() would suppress EOS under min_new_tokens)."""
+    out, past, ids = [], None, torch.tensor([prompt])
+    with torch.inference_mode():
+        for _ in range(n):
+            step = hf(input_ids=ids, past_key_values=past, use_cache=True)
+            past = step.past_key_values
+            out.append(int(step.logits[0, -1].argmax()))
+            ids = torch.tensor([[out[-1]]])
+    return out
+
+
+def _hf_logits(hf, ids):
+    with torch.inference_mode():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+class Setup:
+    def __init__(self, E, name, prompts, page_size=4):
+        self.model_dir = resolve_model(name)
+        self.hf = _hf(self.model_dir)
+        self.engine = E.Engine(self.model_dir, E.EngineOptions(device="cpu", max_batch_size=4, max_seq_len=256,
+                                                              page_size=page_size)).build()
+        self.prompts = prompts
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-llama"])
+def tiny(request, E):
+    prompts = [[5, 17, 33, 100, 7], [9] * 13, list(range(3, 40)), [200]]
+    return Setup(E, request.param, prompts)
+
+
+@pytest.fixture(scope="module")
+def smollm2(E):
+    from seis.prompts import encode_prompt, load_tokenizer
+    model_dir = resolve_model("smollm2-135m-instruct")
+    tok = load_tokenizer(model_dir)
+    texts = ["What is 2+3?", "Name a color of the sky.", "Write one word: hello"]
+    prompts = [encode_prompt(tok, t, chat=True) for t in texts] + [tok("The capital of France is")["input_ids"]]
+    return Setup(E, "smollm2-135m-instruct", prompts, page_size=16)
+
+
+def _check_greedy_matches_hf(setup, E):
+    outs = setup.engine.generate(setup.prompts, E.SamplingParams(max_new_tokens=NEW, ignore_eos=True))
+    for prompt, out in zip(setup.prompts, outs):
+        assert out.token_ids == _hf_greedy(setup.hf, prompt)
+        assert out.finish_reason == "length"
+
+
+def test_greedy_tokens_identical_to_hf(tiny, E):
+    _check_greedy_matches_hf(tiny, E)
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_tokens_identical_to_hf(smollm2, E):
+    _check_greedy_matches_hf(smollm2, E)
+
+
+@pytest.mark.slow
+def test_smollm2_answers_in_english_and_stops_at_eos(smollm2, E):
+    from seis.prompts import load_tokenizer
+    out = smollm2.engine.generate([smollm2.prompts[0]], E.SamplingParams(max_new_tokens=64))[0]
+    assert out.finish_reason == "stop" and out.token_ids[-1] in smollm2.engine.eos_token_ids
+    assert "5" in load_tokenizer(smollm2.model_dir).decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_fp32_logits_within_1e4_relative(tiny, E):
+    """Every row of the prefill logits (not just the last) against HF's forward."""
+    eng, ids = tiny.engine, tiny.prompts[2]
+    r = eng._new_request(0, ids, E.SamplingParams())
+    eng._admit(r, len(ids))
+    try:
+        ours = eng._forward(eng._extend_batch([(r, ids, 0)], all_rows=True))
+    finally:
+        eng._release(r)
+    ref = _hf_logits(tiny.hf, ids)
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+def test_score_equals_reference_log_softmax(tiny):
+    prompt, cont = tiny.prompts[0], tiny.prompts[2][:20]
+    ref = torch.log_softmax(_hf_logits(tiny.hf, prompt + cont), -1)[len(prompt) - 1 : -1]
+    for result in (tiny.engine.score([prompt], [cont], top_k=3)[0], tiny.engine.verify([prompt], [cont], top_k=3)[0]):
+        want = ref.gather(1, torch.tensor(cont)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(result.token_logprobs), want, rtol=1e-4, atol=1e-5)
+        top = ref.topk(3, dim=-1)
+        assert result.top_ids == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor(result.top_logprobs), top.values, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_invariance(tiny, E):
+    sp = E.SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    alone = [tiny.engine.generate([p], sp)[0].token_ids for p in tiny.prompts]
+    together = [o.token_ids for o in tiny.engine.generate(tiny.prompts, sp)]
+    assert together == alone
+
+
+def test_more_requests_than_batch_slots_are_queued(tiny, E):
+    prompts = [[i + 1] * (i + 2) for i in range(9)]  # 9 requests, max_batch_size 4
+    sp = E.SamplingParams(max_new_tokens=6, ignore_eos=True)
+    outs = tiny.engine.generate(prompts, sp)
+    assert [o.token_ids for o in outs] == [tiny.engine.generate([p], sp)[0].token_ids for p in prompts]
+
+
+def test_page_boundary_crossings(E):
+    """Page size 1, 3 and 16 (prompt ends exactly on / just past a boundary) give the same tokens as HF."""
+    model_dir = resolve_model("tiny-qwen3")
+    hf = _hf(model_dir)
+    prompts = [[7] * 15, [8] * 16, [9] * 17, list(range(1, 33))]
+    for page_size in (1, 3, 16):
+        eng = E.Engine(model_dir, E.EngineOptions(device="cpu", max_batch_size=4, max_seq_len=128,
+                                                  page_size=page_size)).build()
+        outs = eng.generate(prompts, E.SamplingParams(max_new_tokens=20, ignore_eos=True))
+        assert [o.token_ids for o in outs] == [_hf_greedy(hf, p, 20) for p in prompts], page_size
+
+
+def test_seeded_sampling_reproducible_and_batch_independent(tiny, E):
+    sp = E.SamplingParams(max_new_tokens=20, temperature=0.9, top_k=50, top_p=0.9, seed=7, ignore_eos=True)
+    a = tiny.engine.generate([tiny.prompts[0]], sp)[0].token_ids
+    b = tiny.engine.generate([tiny.prompts[0], tiny.prompts[1]],
+                             [sp, E.SamplingParams(max_new_tokens=5, temperature=1.0, seed=1)])[0].token_ids
+    other = tiny.engine.generate([tiny.prompts[0]], E.SamplingParams(max_new_tokens=20, temperature=0.9, top_k=50,
+                                                                    top_p=0.9, seed=8, ignore_eos=True))[0]
+    assert a == b
+    assert other.token_ids != a  # the seed matters
+
+
+def test_eos_and_stop_tokens_end_generation(tiny, E):
+    out = tiny.engine.generate([tiny.prompts[0]], E.SamplingParams(max_new_tokens=10, ignore_eos=True))[0]
+    stop_at = out.token_ids[3]
+    stopped = tiny.engine.generate([tiny.prompts[0]], E.SamplingParams(max_new_tokens=10,
+                                                                     stop_token_ids=(stop_at,)))[0]
+    first = out.token_ids.index(stop_at)
+    assert stopped.token_ids == out.token_ids[: first + 1] and stopped.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("prompt, params, message", [
+    ([], {}, "non-empty"),
+    ([1] * 300, {}, "context limit"),
+    ([1, 2, 10**9], {}, "outside"),
+    ([1, 2], {"max_new_tokens": 0}, "max_new_tokens"),
+    ([1, 2], {"temperature": -1.0}, "temperature"),
+    ([1, 2], {"top_p": 0.0}, "top_p"),
+    ([1, 2], {"top_k": -3}, "top_k"),
+])
+def test_bad_requests_get_clear_errors_and_engine_keeps_serving(tiny, E, prompt, params, message):
+    with pytest.raises(ValueError, match=message):
+        tiny.engine.generate([[1, 2, 3], prompt], E.SamplingParams(**params))
+    out = tiny.engine.generate([[1, 2, 3]], E.SamplingParams(max_new_tokens=3, ignore_eos=True))[0]
+    assert len(out.token_ids) == 3
+    assert tiny.engine.allocator.free_pages == tiny.engine.allocator._free.__len__()  # nothing leaked
+    assert all(not row.any() for row in tiny.engine.page_table.table[1:])
+
+
+def test_bad_model_dirs(E, tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        E.Engine(tmp_path / "nope")
+    with pytest.raises(ValueError, match="no config.json"):
+        E.Engine(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        E.Engine(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match="not supported"):
+        E.Engine(tmp_path)
+    good = resolve_model("tiny-qwen3")
+    cfg = json.loads((good / "config.json").read_text())
+    del cfg["hidden_size"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="hidden_size"):
+        E.Engine(tmp_path)
+    broken = tmp_path / "noweights"
+    shutil.copytree(good, broken, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(ValueError, match="safetensors"):
+        E.Engine(broken).build()
