@@ -192,3 +192,11 @@ def test_bad_model_dirs(E, tmp_path):
     shutil.copytree(good, broken, ignore=shutil.ignore_patterns("*.safetensors"))
     with pytest.raises(ValueError, match="safetensors"):
         E.Engine(broken).build()
+
+
+def test_bfloat16_on_cpu_follows_float32(E):
+    model_dir = resolve_model("tiny-qwen3")
+    sp = E.SamplingParams(max_new_tokens=12, ignore_eos=True)
+    runs = [E.Engine(model_dir, E.EngineOptions(dtype=dt, max_batch_size=2, max_seq_len=128)).build()
+            .generate([[1, 2, 3, 4, 5, 6]], sp)[0].token_ids for dt in ("bfloat16", "float32")]
+    assert runs[0] == runs[1]
