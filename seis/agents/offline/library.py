@@ -1,0 +1,66 @@
+"""The offline agent's transformation library: one directory per transformation, kept outside the engine.
+
+    library/<name>/meta.yaml   name, rationale, expected_effect, target_files (+ gpu_only, numerics, verified)
+    library/<name>/patch.diff  a unified diff against E0 (engine_template/), paths a/<file> b/<file>
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+LIBRARY_DIR = Path(__file__).resolve().parent / "library"
+_PATCH_FILE = re.compile(r"^\+\+\+ b/(\S+)$|^--- a/(\S+)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Transformation:
+    name: str
+    rationale: str
+    expected_effect: str
+    target_files: tuple[str, ...]
+    patch: str
+    gpu_only: bool = False         # the changed code runs only on CUDA (CPU tests exercise only its import)
+    numerics: str = "identical"    # how outputs compare with E0's
+    verified: str = ""             # what was checked, where
+    path: Path | None = None
+
+    def describe(self) -> str:
+        return f"`{self.name}`: {self.rationale.strip()} ({', '.join(self.target_files)})"
+
+
+def _read_meta(d: Path) -> dict:
+    if (d / "meta.yaml").is_file():
+        import yaml  # lazy: only libraries with YAML metadata need it
+        return yaml.safe_load((d / "meta.yaml").read_text(encoding="utf-8")) or {}
+    if (d / "meta.json").is_file():
+        return json.loads((d / "meta.json").read_text(encoding="utf-8"))
+    raise ValueError(f"{d} has neither meta.yaml nor meta.json")
+
+
+def load_transformation(d: Path) -> Transformation:
+    meta = _read_meta(d)
+    missing = [k for k in ("name", "rationale", "expected_effect", "target_files") if k not in meta]
+    if missing:
+        raise ValueError(f"{d}: meta lacks {', '.join(missing)}")
+    if meta["name"] != d.name:
+        raise ValueError(f"{d}: meta name {meta['name']!r} differs from its directory name")
+    patch_path = d / "patch.diff"
+    if not patch_path.is_file():
+        raise ValueError(f"{d}: no patch.diff")
+    patch = patch_path.read_text(encoding="utf-8")
+    in_patch = sorted({a or b for a, b in _PATCH_FILE.findall(patch)})
+    targets = tuple(sorted(meta["target_files"]))
+    if list(targets) != in_patch:
+        raise ValueError(f"{d}: target_files {list(targets)} differ from the files the patch touches {in_patch}")
+    return Transformation(meta["name"], meta["rationale"], meta["expected_effect"], targets, patch,
+                          bool(meta.get("gpu_only", False)), str(meta.get("numerics", "identical")),
+                          str(meta.get("verified", "")), d)
+
+
+def load_library(root: str | Path = LIBRARY_DIR) -> tuple[Transformation, ...]:
+    """Every transformation under root, sorted by name (the base of every deterministic order)."""
+    root = Path(root)
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    return tuple(load_transformation(d) for d in dirs)

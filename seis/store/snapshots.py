@@ -1,0 +1,174 @@
+"""Content-addressed snapshots of retained engines.
+
+    <root>/<id>/        the engine tree, byte for byte (id = the first `id_len` hex digits of its tree hash)
+    <root>/<id>.json    manifest: full tree hash, files (path, sha256, size, mode), meta, whether DVC tracks it
+    <root>/<id>.dvc     when <root> lies in a DVC repository: `dvc add` of <id>/ (contents in the DVC cache)
+
+Identical trees get the same id and are stored once. The manifest is written last, so its presence means the
+snapshot is complete. Without a DVC repository (or with use_dvc=False) the store is a plain directory store.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..workspace.tree import copy_tree, file_sha256, tree_hash
+from .dvc import DvcError, DvcRepo, open_repo
+from .lock import FileLock
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class UnknownSnapshotError(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    id: str
+    tree_hash: str
+    path: Path              # the stored tree (read it, never write it)
+    files: int
+    bytes: int
+    created: str
+    dvc: bool
+    meta: dict = field(default_factory=dict)
+
+
+class SnapshotStore:
+    def __init__(self, root: str | Path, use_dvc: bool | None = None, id_len: int = 16,
+                 lock_timeout_s: float = 600.0):
+        """use_dvc: None = track with DVC when root lies in a DVC repository; True = require it; False = never."""
+        if not 8 <= id_len <= 64:
+            raise ValueError("id_len must be between 8 and 64")
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        ignore = self.root / ".gitignore"  # the store's own scratch files (DVC appends its entries here too)
+        if not ignore.exists():
+            ignore.write_text("/.lock\n/.tmp-*\n/*.json.part\n", encoding="utf-8")
+        self.id_len, self.lock_timeout_s = id_len, lock_timeout_s
+        self._id = re.compile(rf"^[0-9a-f]{{{id_len}}}$")
+        self.dvc: DvcRepo | None = open_repo(self.root, lock_timeout_s) if use_dvc is not False else None
+        if use_dvc is True and self.dvc is None:
+            raise StoreError(f"use_dvc=True but {self.root} is not inside a DVC repository (run `dvc init`) "
+                             f"or DVC is not installed")
+
+    # ---- paths -----------------------------------------------------------------------------------------------
+    def _manifest(self, sid: str) -> Path:
+        return self.root / f"{sid}.json"
+
+    def _check_id(self, sid: str) -> str:
+        if not isinstance(sid, str) or not self._id.match(sid) or not self._manifest(sid).is_file():
+            known = len(list(self.root.glob("*.json")))
+            raise UnknownSnapshotError(f"no snapshot {sid!r} in {self.root} ({known} stored; see `list()`)")
+        return sid
+
+    def _lock(self) -> FileLock:
+        return FileLock(self.root / ".lock", self.lock_timeout_s)
+
+    # ---- API -------------------------------------------------------------------------------------------------
+    def put(self, engine_dir: str | Path, meta: dict | None = None) -> str:
+        """Store the engine tree of engine_dir (idempotent); returns its snapshot id."""
+        engine_dir = Path(engine_dir)
+        full = tree_hash(engine_dir)
+        sid = full[: self.id_len]
+        with self._lock():
+            if self._manifest(sid).is_file():
+                info = self._load(sid)
+                if info.tree_hash != full:
+                    raise StoreError(f"id collision: {sid} already names tree {info.tree_hash}; raise id_len")
+                self._ensure_present(info)
+                return sid
+            target = self.root / sid
+            if target.exists():  # left by an interrupted put (no manifest): start over
+                shutil.rmtree(target)
+            tmp = self.root / f".tmp-{sid}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            files = copy_tree(engine_dir, tmp)
+            if tree_hash(tmp) != full:
+                shutil.rmtree(tmp)
+                raise StoreError(f"{engine_dir} changed while it was being stored; store it again")
+            os.rename(tmp, target)
+            entries = [{"path": rel, "sha256": file_sha256(target / rel), "size": (target / rel).stat().st_size,
+                        "mode": oct((target / rel).stat().st_mode & 0o777)} for rel in files]
+            tracked = False
+            if self.dvc is not None:
+                try:
+                    self.dvc.add(target)
+                    tracked = True
+                except DvcError as e:
+                    shutil.rmtree(target, ignore_errors=True)
+                    hint = "" if "git-ignored" not in str(e) else (
+                        " (a DVC repository on git cannot track files under a git-ignored directory: put the store "
+                        "somewhere git does not ignore, or pass use_dvc=False)")
+                    raise StoreError(f"snapshot {sid} could not be tracked with DVC: {e}{hint}") from None
+            manifest = {
+                "id": sid, "tree_hash": full, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "dvc": tracked, "dvc_file": f"{sid}.dvc" if tracked else None, "source": str(engine_dir.resolve()),
+                "files": entries,
+                "meta": meta or {},
+            }
+            part = self._manifest(sid).with_suffix(".json.part")
+            part.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+            os.replace(part, self._manifest(sid))
+        return sid
+
+    def get(self, snapshot_id: str, dest: str | Path) -> Path:
+        """Restore the snapshot's files into dest (new or empty), byte-identical; returns dest."""
+        info = self.info(snapshot_id)
+        dest = Path(dest)
+        if dest.exists() and any(dest.iterdir()):
+            raise StoreError(f"{dest} already exists and is not empty")
+        self._ensure_present(info)
+        manifest = json.loads(self._manifest(info.id).read_text(encoding="utf-8"))
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in manifest["files"]:
+            out = dest / f["path"]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(info.path / f["path"], out)  # follows DVC cache links, if DVC was set to use them
+            os.chmod(out, int(f["mode"], 8))
+        if tree_hash(dest) != info.tree_hash:
+            raise StoreError(f"restored snapshot {info.id} in {dest} does not match its manifest (store corrupted?)")
+        return dest
+
+    def info(self, snapshot_id: str) -> SnapshotInfo:
+        return self._load(self._check_id(snapshot_id))
+
+    def list(self) -> list[SnapshotInfo]:
+        ids = [p.stem for p in self.root.glob("*.json") if self._id.match(p.stem)]
+        return sorted((self._load(i) for i in ids), key=lambda s: (s.created, s.id))
+
+    def __contains__(self, snapshot_id: object) -> bool:
+        return isinstance(snapshot_id, str) and bool(self._id.match(snapshot_id)) and \
+            self._manifest(snapshot_id).is_file()
+
+    def status(self, snapshot_id: str) -> str:
+        """DVC's status of the snapshot's .dvc file ('' when DVC does not track it)."""
+        info = self.info(snapshot_id)
+        if not info.dvc or self.dvc is None:
+            return ""
+        return self.dvc.status(self.root / f"{info.id}.dvc")
+
+    # ---- internals -------------------------------------------------------------------------------------------
+    def _load(self, sid: str) -> SnapshotInfo:
+        m = json.loads(self._manifest(sid).read_text(encoding="utf-8"))
+        return SnapshotInfo(m["id"], m["tree_hash"], self.root / m["id"], len(m["files"]),
+                            sum(f["size"] for f in m["files"]), m["created"], bool(m["dvc"]), m.get("meta", {}))
+
+    def _ensure_present(self, info: SnapshotInfo) -> None:
+        """A tracked snapshot whose directory was removed (e.g. a fresh clone) comes back from the DVC cache."""
+        if info.path.is_dir():
+            return
+        if info.dvc and self.dvc is not None:
+            self.dvc.checkout(self.root / f"{info.id}.dvc")
+            if info.path.is_dir():
+                return
+        raise StoreError(f"snapshot {info.id}'s files are missing from {info.path}"
+                         + (" and DVC could not restore them" if info.dvc else ""))

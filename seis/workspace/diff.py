@@ -1,0 +1,58 @@
+"""Unified diff of two engine trees (parent -> workspace), stable and `git apply`-able."""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from .tree import tree_files
+
+_NO_EOL = "\\ No newline at end of file\n"
+
+
+def _text(data: bytes) -> list[str] | None:
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return None
+
+
+def _mode(path: Path) -> str:
+    return "100755" if path.stat().st_mode & 0o111 else "100644"
+
+
+def _file_diff(rel: str, old: bytes | None, new: bytes | None, mode: str) -> str:
+    a_name = f"a/{rel}" if old is not None else "/dev/null"
+    b_name = f"b/{rel}" if new is not None else "/dev/null"
+    a_lines, b_lines = _text(old or b""), _text(new or b"")
+    header = f"diff --git a/{rel} b/{rel}\n"
+    if old is None:
+        header += f"new file mode {mode}\n"
+    elif new is None:
+        header += f"deleted file mode {mode}\n"
+    if a_lines is None or b_lines is None:
+        return header + f"Binary files {a_name} and {b_name} differ\n"
+    out = [header]
+    for line in difflib.unified_diff(a_lines, b_lines, a_name, b_name, n=3):
+        # difflib leaves a last line without "\n" as is; git marks it explicitly.
+        out.append(line if line.endswith("\n") else line + "\n" + _NO_EOL)
+    return "".join(out)
+
+
+def diff_trees(old_dir: str | Path, new_dir: str | Path) -> str:
+    """Diff of every engine-tree file that differs, in sorted path order ('' when the trees are equal)."""
+    old_dir, new_dir = Path(old_dir), Path(new_dir)
+    old_files, new_files = set(tree_files(old_dir)), set(tree_files(new_dir))
+    parts = []
+    for rel in sorted(old_files | new_files):
+        old = (old_dir / rel).read_bytes() if rel in old_files else None
+        new = (new_dir / rel).read_bytes() if rel in new_files else None
+        if old != new:
+            parts.append(_file_diff(rel, old, new, _mode(new_dir / rel if new is not None else old_dir / rel)))
+    return "".join(parts)
+
+
+def diff_workspace(parent_dir: str | Path, ws_dir: str | Path) -> str:
+    """What the session changed in the engine tree (reports/, peers/ and caches are not part of it)."""
+    return diff_trees(parent_dir, ws_dir)

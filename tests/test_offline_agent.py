@@ -1,0 +1,145 @@
+"""The offline agent: library transformations by 3-way merge, lineage-aware policy, sync adoption, reports;
+and every library transformation keeps E0's outputs (tiny-qwen3, CPU, engines in child processes)."""
+from __future__ import annotations
+
+import pytest
+
+from seis.agents import (Agent, AgentResult, Budget, SessionBlock, SessionContext, lineage, parse_session_block,
+                         render_report, stamp_verdict)
+from seis.agents.offline import (OfflineAgent, apply_transformation, exploration_order, is_present, load_library,
+                                 merge_transformation)
+from seis.engine_import import ENGINE_TEMPLATE
+from seis.workspace import PeerMaterial, Report, copy_tree, diff_workspace, prepare_workspace, tree_hash
+
+LIBRARY = {t.name: t for t in load_library()}
+NAMES = sorted(LIBRARY)
+
+
+def _ws(tmp_path, name="ws", reports=(), peers=()):
+    return prepare_workspace(ENGINE_TEMPLATE, tmp_path / name, list(reports), list(peers))
+
+
+def _report(chain, session, agent="offline", verdict=None, **lists):
+    block = SessionBlock(chain, session, agent, tuple(lists.get("applied", ())), failed=tuple(lists.get("failed", ())))
+    return Report(chain, session, render_report(block, "s", [], []), verdict)
+
+
+def test_library_has_real_entries():
+    assert len(NAMES) >= 3
+    for t in LIBRARY.values():
+        assert t.rationale and t.expected_effect and t.target_files and t.verified
+        assert all(f.startswith("engine/") for f in t.target_files)
+
+
+def test_applies_a_transformation_and_writes_the_report(tmp_path):
+    ws = _ws(tmp_path)
+    agent = OfflineAgent()
+    assert isinstance(agent, Agent)
+    result = agent.edit(ws, SessionContext("c0", 1))
+    first = exploration_order(NAMES, 0)[0]
+    assert result.status == "edited" and result.applied == (first,) and result.attempted == (first,)
+    assert ws.changed() and diff_workspace(ENGINE_TEMPLATE, ws.root)
+    assert is_present(ws.root, ENGINE_TEMPLATE, LIBRARY[first])
+    md = result.report_markdown
+    for section in ("## Summary", "## Changes", "## Measurements", "## Lessons"):
+        assert section in md
+    block = parse_session_block(md, strict=True)
+    assert (block.chain, block.session, block.applied, block.verdict) == ("c0", 1, (first,), None)
+    assert (result.tokens_in, result.tokens_out, result.cost_usd) == (0, 0, 0.0)
+    assert AgentResult.from_dict(result.to_dict()) == result
+    # Deterministic: the same inputs give the same engine.
+    ws2 = _ws(tmp_path, "ws2")
+    agent.edit(ws2, SessionContext("c0", 1))
+    assert tree_hash(ws2.root) == tree_hash(ws.root)
+
+
+def test_chains_explore_in_different_orders(tmp_path):
+    firsts = {OfflineAgent().edit(_ws(tmp_path, f"w{i}"), SessionContext(f"c{i}", 1, chain_index=i)).applied[0]
+              for i in range(len(NAMES))}
+    assert firsts == set(NAMES)
+
+
+def test_never_retries_what_failed_or_was_rejected(tmp_path):
+    order = exploration_order(NAMES, 0)
+    reports = [_report("c0", 1, failed=[order[0]]),
+               _report("c0", 2, applied=[order[1]], verdict="rejected")]
+    result = OfflineAgent().edit(_ws(tmp_path, reports=reports), SessionContext("c0", 3, inherited_reports=reports))
+    assert result.applied == (order[2],) and set(result.attempted) == {order[2]}
+    assert f"`{order[0]}`" in result.report_markdown.split("## Lessons")[1]
+    # Everything tried or present: nothing left to do.
+    everything = reports + [_report("c0", 3, failed=order[2:])]
+    result = OfflineAgent().edit(_ws(tmp_path, "ws2"), SessionContext("c0", 4, inherited_reports=everything))
+    assert result.status == "no_change" and result.attempted == ()
+
+
+def test_adopts_what_a_peer_retained_at_a_sync(tmp_path):
+    peer_dir = tmp_path / "peer"
+    copy_tree(ENGINE_TEMPLATE, peer_dir)
+    order = exploration_order(NAMES, 0)
+    kept, blocked = order[-1], order[-2]
+    for name in (kept, blocked):
+        assert apply_transformation(peer_dir, ENGINE_TEMPLATE, LIBRARY[name]).outcome == "applied"
+    peer = PeerMaterial("c1", peer_dir, (_report("c1", 1, applied=[kept, blocked], verdict="retained"),))
+    own = [_report("c0", 1, failed=[blocked])]
+    ws = _ws(tmp_path, reports=own, peers=[peer])
+    result = OfflineAgent().edit(ws, SessionContext("c0", 2, inherited_reports=own, peers=(peer,)))
+    assert result.status == "edited" and result.applied == ()
+    assert [(a.name, a.from_chain) for a in result.adopted] == [(kept, "c1")]
+    assert is_present(ws.root, ENGINE_TEMPLATE, LIBRARY[kept]) and not is_present(ws.root, ENGINE_TEMPLATE,
+                                                                                   LIBRARY[blocked])
+    block = parse_session_block(result.report_markdown)
+    assert block.changes() == (kept,) and block.adopted[0].from_chain == "c1"
+    # Once adopted, the next sync has nothing to take from that peer and explores instead.
+    again = OfflineAgent().edit(ws, SessionContext("c0", 3, inherited_reports=own, peers=(peer,)))
+    assert again.adopted == () and len(again.applied) == 1
+
+
+def test_three_way_merge_keeps_other_changes_and_reports_conflicts(tmp_path):
+    t = LIBRARY["decode-pinned-metadata"]
+    ws = _ws(tmp_path)
+    engine_py = ws.root / "engine" / "engine.py"
+    # Already modified: another transformation in the same file plus a hand edit.
+    assert apply_transformation(ws.root, ENGINE_TEMPLATE, LIBRARY["batched-scoring"]).outcome == "applied"
+    engine_py.write_text(engine_py.read_text().replace('"""The offline engine', '"""(edited) The offline engine'))
+    assert apply_transformation(ws.root, ENGINE_TEMPLATE, t).outcome == "applied"
+    text = engine_py.read_text()
+    assert "(edited) The offline engine" in text and "self._meta_host" in text and "tops[k] =" in text
+    assert merge_transformation(ws.root, ENGINE_TEMPLATE, t).outcome == "present"
+    # A workspace that rewrote the lines the patch changes: conflict, reported as failed, nothing written.
+    ws2 = _ws(tmp_path, "ws2")
+    path = ws2.root / "engine" / "engine.py"
+    old = "packed = torch.tensor(cols, dtype=torch.int64).T.contiguous().to(self.device, non_blocking=True)"
+    path.write_text(path.read_text().replace(old, "packed = torch.tensor(cols).T.contiguous().to(self.device)"))
+    before = tree_hash(ws2.root)
+    assert merge_transformation(ws2.root, ENGINE_TEMPLATE, t).outcome == "conflict"
+    ctx = SessionContext("c0", 1, budget=Budget(max_attempts=1))
+    result = OfflineAgent(library=(t,)).edit(ws2, ctx)
+    assert result.status == "failed" and result.failed[0].name == t.name and "conflict" in result.failed[0].reason
+    assert tree_hash(ws2.root) == before
+    assert parse_session_block(result.report_markdown).failed == (t.name,)
+
+
+def test_stamped_verdicts_feed_the_lineage():
+    md = _report("c0", 1, applied=["x"]).markdown
+    rejected = stamp_verdict(md, "rejected", "| metric | value |\n| --- | --- |\n| tok/s | 1 |")
+    assert "| tok/s | 1 |" in rejected and "Left for the gate" not in rejected
+    assert parse_session_block(rejected).rejected == ("x",)
+    kept = stamp_verdict(_report("c0", 2, applied=["y"]).markdown, "retained")
+    history = lineage([Report("c0", 1, rejected), Report("c0", 2, kept), Report("c0", 3, "no block here")])
+    assert history.rejected == {"x"} and history.retained == {"y"} and history.unreadable == ("c0-003.md",)
+    # The gate's record (Report.verdict) wins over the markdown.
+    assert lineage([Report("c0", 2, kept, verdict="rejected")]).rejected == {"y"}
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    """Each transformation alone and all in sequence, applied to E0, vs E0 (tiny-qwen3, CPU)."""
+    from seis.agents.offline.verify import verify
+    return verify("tiny-qwen3", "cpu", work_dir=tmp_path_factory.mktemp("candidates"))
+
+
+@pytest.mark.parametrize("candidate", NAMES + ["all"])
+def test_library_transformation_keeps_e0_outputs(verified, candidate):
+    r = verified["candidates"][candidate]
+    assert r["greedy_equal"] and r["sampled_equal"] and r["score_top_ids_equal"]
+    assert r["score_max_abs_diff"] == 0.0 and r["verify_max_abs_diff"] == 0.0

@@ -1,0 +1,118 @@
+"""Snapshot store: content-addressed put/get, plain and DVC-tracked."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+
+import pytest
+
+from seis.engine_import import ENGINE_TEMPLATE
+from seis.store import FileLock, LockTimeout, SnapshotStore, StoreError, UnknownSnapshotError, dvc_command
+from seis.workspace import copy_tree, tree_hash
+
+
+@pytest.fixture
+def engine(tmp_path):
+    d = tmp_path / "engine_tree"
+    copy_tree(ENGINE_TEMPLATE, d)
+    (d / "NOTES.md").write_text("n\n")
+    os.chmod(d / "NOTES.md", 0o755)
+    (d / "engine" / "__pycache__").mkdir(exist_ok=True)
+    (d / "engine" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    return d
+
+
+def _files(root):
+    return {p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mode & 0o777)
+            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_put_get_restores_byte_identical_files(engine, tmp_path):
+    store = SnapshotStore(tmp_path / "store")
+    assert store.dvc is None  # tmp_path lies in no DVC repository
+    sid = store.put(engine, meta={"chain": "c0", "session": 1})
+    assert len(sid) == 16 and tree_hash(engine).startswith(sid)
+    out = store.get(sid, tmp_path / "restored")
+    assert _files(out) == _files(engine)
+    info = store.info(sid)
+    assert info.dvc is False and info.meta == {"chain": "c0", "session": 1} and info.files == len(_files(engine))
+    assert [s.id for s in store.list()] == [sid]
+    with pytest.raises(StoreError, match="not empty"):
+        store.get(sid, out)
+
+
+def test_same_tree_same_id_and_one_copy(engine, tmp_path):
+    store = SnapshotStore(tmp_path / "store")
+    sid = store.put(engine)
+    twin = tmp_path / "twin"
+    copy_tree(engine, twin)
+    assert store.put(twin) == sid and len(store.list()) == 1
+    (twin / "engine" / "model.py").write_text("# changed\n")
+    other = store.put(twin)
+    assert other != sid and {s.id for s in store.list()} == {sid, other} and sid in store
+
+
+def test_unknown_id_is_a_clear_error(engine, tmp_path):
+    store = SnapshotStore(tmp_path / "store")
+    store.put(engine)
+    for bad in ("0123456789abcdef", "../../etc", "short"):
+        with pytest.raises(UnknownSnapshotError, match="no snapshot"):
+            store.get(bad, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_interrupted_put_is_redone_and_missing_files_are_reported(engine, tmp_path):
+    store = SnapshotStore(tmp_path / "store")
+    sid = tree_hash(engine)[:16]
+    (store.root / sid).mkdir()  # a directory without a manifest: an interrupted put
+    (store.root / sid / "junk").write_text("j")
+    assert store.put(engine) == sid
+    assert not (store.root / sid / "junk").exists()
+    shutil.rmtree(store.root / sid)
+    with pytest.raises(StoreError, match="missing"):
+        store.get(sid, tmp_path / "x")
+
+
+def test_file_lock_excludes_a_second_holder(tmp_path):
+    with FileLock(tmp_path / "l"):
+        with pytest.raises(LockTimeout):
+            with FileLock(tmp_path / "l", timeout_s=0.2):
+                pass
+    with FileLock(tmp_path / "l", timeout_s=0.2):
+        pass
+
+
+@pytest.mark.skipif(dvc_command() is None, reason="DVC is not installed")
+def test_dvc_tracks_snapshots(engine, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run([*dvc_command(), "init", "--no-scm", "-q"], cwd=repo, check=True)
+    store = SnapshotStore(repo / "snapshots")
+    assert store.dvc is not None and store.dvc.root == repo
+    # Two puts at once: the DVC calls are serialized by the lock (DVC fails if two run in one repo).
+    second = tmp_path / "second"
+    copy_tree(engine, second)
+    (second / "NOTES.md").write_text("other\n")
+    ids: list[str] = []
+    threads = [threading.Thread(target=lambda d=d: ids.append(store.put(d))) for d in (engine, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 2
+    for sid in ids:
+        assert (repo / "snapshots" / f"{sid}.dvc").is_file() and store.info(sid).dvc
+    assert "up to date" in store.status(ids[0])
+    done = subprocess.run([*dvc_command(), "status"], cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0 and "up to date" in done.stdout
+    # The files come back from the DVC cache when the snapshot directory is gone.
+    shutil.rmtree(repo / "snapshots" / ids[0])
+    out = store.get(ids[0], tmp_path / "restored")
+    assert tree_hash(out) == store.info(ids[0]).tree_hash
+
+
+def test_use_dvc_true_needs_a_repository(tmp_path):
+    with pytest.raises(StoreError, match="dvc init"):
+        SnapshotStore(tmp_path / "store", use_dvc=True)

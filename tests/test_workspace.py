@@ -1,0 +1,115 @@
+"""Session workspaces: prepare (engine tree + reports + peers), diff against the parent, tree hash."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from seis.engine_import import ENGINE_TEMPLATE
+from seis.workspace import (PeerMaterial, Report, TreeError, copy_tree, diff_workspace, prepare_workspace,
+                            tree_files, tree_hash)
+
+
+@pytest.fixture
+def parent(tmp_path):
+    """A parent engine tree: E0 plus NOTES.md."""
+    d = tmp_path / "parent"
+    copy_tree(ENGINE_TEMPLATE, d)
+    (d / "NOTES.md").write_text("notes from session 0\n")
+    return d
+
+
+def _report(chain="c0", session=1, verdict="retained"):
+    return Report(chain, session, f"# Session {chain}/{session}\n\nbody\n", verdict)
+
+
+def test_prepare_copies_engine_reports_and_peers(parent, tmp_path):
+    peer = tmp_path / "peer"
+    copy_tree(ENGINE_TEMPLATE, peer)
+    ws = prepare_workspace(parent, tmp_path / "ws", [_report(session=2), _report(session=1, verdict="rejected")],
+                           [PeerMaterial("c1", peer, (_report("c1", 1),))])
+    root = ws.root
+    assert (root / "engine" / "engine.py").read_bytes() == (parent / "engine" / "engine.py").read_bytes()
+    assert (root / "CONTRACT.md").is_file() and (root / "NOTES.md").read_text() == "notes from session 0\n"
+    assert [p.name for p in ws.reports] == ["c0-001.md", "c0-002.md"]  # oldest first
+    index = json.loads((root / "reports" / "index.json").read_text())
+    assert [(e["session"], e["verdict"]) for e in index] == [(1, "rejected"), (2, "retained")]
+    assert ws.peers == {"c1": root / "peers" / "c1"}
+    assert (root / "peers" / "c1" / "engine" / "model.py").is_file()
+    assert (root / "peers" / "c1" / "reports" / "c1-001.md").is_file()
+    # Reports and peers are session material, not engine code.
+    assert tree_hash(root) == tree_hash(parent) == ws.parent_hash
+    assert diff_workspace(parent, root) == "" and not ws.changed()
+
+
+def test_prepare_refuses_a_non_empty_destination_and_a_non_engine(parent, tmp_path):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("x")
+    with pytest.raises(TreeError, match="not empty"):
+        prepare_workspace(parent, tmp_path / "busy")
+    with pytest.raises(TreeError, match="engine package"):
+        prepare_workspace(tmp_path / "busy", tmp_path / "ws")
+    with pytest.raises(ValueError, match="chain id"):
+        Report("../evil", 1, "")
+
+
+def test_diff_shows_edits_additions_and_deletions_and_applies_with_git(parent, tmp_path):
+    ws = prepare_workspace(parent, tmp_path / "ws").root
+    model = ws / "engine" / "model.py"
+    model.write_text(model.read_text().replace("class CausalLM:", "class CausalLM:  # edited"))
+    (ws / "engine" / "extra.py").write_text("X = 1")  # no trailing newline
+    (ws / "NOTES.md").unlink()
+    diff = diff_workspace(parent, ws)
+    assert diff == diff_workspace(parent, ws)  # stable
+    assert "--- a/engine/model.py\n+++ b/engine/model.py\n" in diff
+    assert "+class CausalLM:  # edited\n" in diff
+    assert "--- /dev/null\n+++ b/engine/extra.py\n" in diff and "\\ No newline at end of file" in diff
+    assert "--- a/NOTES.md\n+++ /dev/null\n" in diff
+    order = [line.split(" b/")[1] for line in diff.splitlines() if line.startswith("diff --git")]
+    assert order == sorted(order)
+    # The diff is a real patch: applied to the parent it gives the workspace.
+    copy = tmp_path / "copy"
+    copy_tree(parent, copy)
+    (copy / "p.diff").write_text(diff)
+    done = subprocess.run(["git", "apply", "p.diff"], cwd=copy, capture_output=True, text=True,
+                          env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    (copy / "p.diff").unlink()
+    assert tree_hash(copy) == tree_hash(ws)
+
+
+def test_hash_is_stable_and_ignores_caches_and_session_dirs(parent, tmp_path):
+    h = tree_hash(parent)
+    assert h == tree_hash(parent) and len(h) == 64
+    (parent / "engine" / "__pycache__").mkdir(exist_ok=True)
+    (parent / "engine" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0junk")
+    (parent / "engine" / "stray.pyc").write_bytes(b"\0")
+    (parent / "reports").mkdir()
+    (parent / "reports" / "r.md").write_text("r")
+    assert tree_hash(parent) == h
+    assert not any("__pycache__" in f or f.startswith("reports/") for f in tree_files(parent))
+    # A nested directory called reports is engine code, and any byte counts.
+    (parent / "engine" / "reports").mkdir()
+    (parent / "engine" / "reports" / "x.py").write_text("")
+    h2 = tree_hash(parent)
+    assert h2 != h
+    (parent / "CONTRACT.md").write_bytes((parent / "CONTRACT.md").read_bytes() + b" ")
+    assert tree_hash(parent) != h2
+
+
+def test_symlinks_inside_count_as_files_outside_are_refused(parent, tmp_path):
+    (parent / "engine" / "alias.py").symlink_to(parent / "engine" / "batch.py")
+    assert "engine/alias.py" in tree_files(parent)
+    copy = tmp_path / "copy"
+    copy_tree(parent, copy)
+    assert not (copy / "engine" / "alias.py").is_symlink()
+    assert tree_hash(copy) == tree_hash(parent)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("s")
+    (parent / "leak").symlink_to(outside)
+    with pytest.raises(TreeError, match="outside"):
+        tree_hash(parent)
+    shutil.rmtree(copy)
