@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 import os
 import queue
+import resource
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,15 +38,25 @@ class Sampling:
 
 
 class EngineProcess:
-    """One engine in one child process. Use as a context manager; `call` ops mirror CONTRACT.md."""
+    """One engine in one child process. Use as a context manager; `call` ops mirror CONTRACT.md.
+
+    Optional isolation, for callers that run untrusted engines: `base_env` replaces the inherited environment
+    (`env` is still layered on top), `launcher` prefixes the command (e.g. ["unshare", "--net"]) and `rlimits`
+    ({resource.RLIMIT_AS: bytes, ...}) is applied in the child before it execs.
+    """
 
     def __init__(self, engine_dir: str | Path, model_dir: str | Path, options: dict | None = None,
-                 timeout_s: float = 600.0, env: dict[str, str] | None = None):
+                 timeout_s: float = 600.0, env: dict[str, str] | None = None, *,
+                 base_env: Mapping[str, str] | None = None, launcher: Sequence[str] = (),
+                 rlimits: Mapping[int, int] | None = None):
         self.engine_dir = check_engine_dir(engine_dir)
         self.model_dir = Path(model_dir)
         self.options = options or {}
         self.timeout_s = timeout_s
         self.env = env
+        self.base_env = base_env
+        self.launcher = tuple(launcher)
+        self.rlimits = dict(rlimits or {})
         self.proc: subprocess.Popen | None = None
         self.stderr_path: Path | None = None
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -59,14 +71,16 @@ class EngineProcess:
     def start(self) -> None:
         fd, name = tempfile.mkstemp(prefix="seis-engine-", suffix=".log")
         self.stderr_path = Path(name)
-        env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
+        base = os.environ if self.base_env is None else self.base_env
+        env = {**base, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                           env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "seis.engine_host.worker", "--engine-dir", str(self.engine_dir),
+            [*self.launcher, sys.executable, "-m", "seis.engine_host.worker", "--engine-dir", str(self.engine_dir),
              "--model-dir", str(self.model_dir), "--options", json.dumps(self.options)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, text=True, env=env,
-            cwd=tempfile.gettempdir(), start_new_session=True)
+            cwd=tempfile.gettempdir(), start_new_session=True,
+            preexec_fn=_rlimit_setter(self.rlimits) if self.rlimits else None)
         os.close(fd)
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -95,22 +109,23 @@ class EngineProcess:
             raise EngineError(reply.get("error", "unknown engine error"))
         return reply["result"]
 
-    # Typed conveniences over `call`.
-    def build(self) -> dict:
-        return self.call("build")
+    # Typed conveniences over `call` (timeout_s: this call's limit, default the instance's).
+    def build(self, timeout_s: float | None = None) -> dict:
+        return self.call("build", timeout_s=timeout_s)
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling | list[Sampling]) -> list[dict]:
+    def generate(self, prompts: list[list[int]], sampling: Sampling | list[Sampling],
+                 timeout_s: float | None = None) -> list[dict]:
         params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
-        return self.call("generate", prompts=prompts, sampling=[asdict(p) for p in params])
+        return self.call("generate", timeout_s=timeout_s, prompts=prompts, sampling=[asdict(p) for p in params])
 
-    def score(self, prompts, continuations, top_k: int = 5) -> list[dict]:
-        return self.call("score", prompts=prompts, continuations=continuations, top_k=top_k)
+    def score(self, prompts, continuations, top_k: int = 5, timeout_s: float | None = None) -> list[dict]:
+        return self.call("score", timeout_s=timeout_s, prompts=prompts, continuations=continuations, top_k=top_k)
 
-    def verify(self, prefixes, drafts, top_k: int = 5) -> list[dict]:
-        return self.call("verify", prompts=prefixes, continuations=drafts, top_k=top_k)
+    def verify(self, prefixes, drafts, top_k: int = 5, timeout_s: float | None = None) -> list[dict]:
+        return self.call("verify", timeout_s=timeout_s, prompts=prefixes, continuations=drafts, top_k=top_k)
 
-    def stats(self) -> dict:
-        return self.call("stats")
+    def stats(self, timeout_s: float | None = None) -> dict:
+        return self.call("stats", timeout_s=timeout_s)
 
     def close(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -132,3 +147,16 @@ class EngineProcess:
             tail = self.stderr_path.read_text(errors="replace")[-n:].strip()
             return f"; its stderr ends:\n{tail}" if tail else ""
         return ""
+
+
+def _rlimit_setter(limits: Mapping[int, int]):
+    """A preexec_fn that only calls setrlimit (safe between fork and exec)."""
+    items = []
+    for which, value in limits.items():  # never ask for more than the current hard limit allows
+        hard = resource.getrlimit(which)[1]
+        items.append((which, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+
+    def apply() -> None:
+        for which, value in items:
+            resource.setrlimit(which, (value, value))
+    return apply

@@ -1,0 +1,121 @@
+"""What a gate run is told: inputs, sizes, isolation limits, and the thresholds (which live here, never in a
+workspace). Everything is a frozen pydantic model so the whole configuration can be hashed and recorded."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..engine_import import ENGINE_TEMPLATE
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GateThresholds(_Frozen):
+    """Each correctness metric is a deviation from the reference; its tolerance is calibrated as
+    min(cap, max(floor, factor * noise)), where noise is the same deviation measured reference-vs-reference
+    under a different batch composition. Floors let E0 vs a copy of E0 pass on CPU fp32 (noise ~0) and leave
+    room for legitimate kernel changes on GPU bf16 (KL noise ~1e-3..1e-2, top-1 >= ~0.97); caps stop a noisy
+    calibration from switching a check off."""
+
+    top_k: int = Field(20, ge=2)  # KL is approximated on the reference's top-k (+ one "rest" bucket)
+    # mean KL(ref || cand) over forced positions, nats
+    kl_floor: float = Field(0.02, ge=0)
+    kl_factor: float = Field(5.0, ge=1)
+    kl_cap: float = Field(0.5, gt=0)
+    # 1 - top-1 agreement
+    top1_floor: float = Field(0.03, ge=0, le=1)
+    top1_factor: float = Field(3.0, ge=1)
+    top1_cap: float = Field(0.2, gt=0, le=1)
+    # |ln(ppl_cand / ppl_ref)| over the forced tokens
+    ppl_floor: float = Field(0.02, ge=0)
+    ppl_factor: float = Field(5.0, ge=1)
+    ppl_cap: float = Field(0.2, gt=0)
+    # 1 - greedy token-exact rate (whole outputs identical to the reference's). Lenient on purpose: on GPU bf16 a
+    # legitimate kernel change (E0 with torch instead of Triton kernels) matched only 64% of 64-token outputs
+    # exactly while its KL was 0.0017; greedy_valid below is the strict behavioural check.
+    greedy_floor: float = Field(0.5, ge=0, le=1)
+    greedy_factor: float = Field(4.0, ge=1)
+    greedy_cap: float = Field(0.9, gt=0, le=1)
+    # greedy_valid: a generated greedy token counts as valid when the reference, teacher-forced on the candidate's
+    # own output, puts it within this many nats of its top-1 (bf16 near-ties); its tolerance is top-1's
+    greedy_margin: float = Field(0.3, ge=0)
+    # |sum(len_cand) / sum(len_ref) - 1| over natural-length (EOS on) requests
+    length_floor: float = Field(0.10, ge=0)
+    length_factor: float = Field(2.0, ge=1)
+    length_cap: float = Field(0.5, gt=0)
+    # 1 - rate of dev prompts giving identical tokens in the dev batch and inside the held-out batch (noise: the
+    # larger of the reference's own dev-vs-mixed and batched-vs-alone mismatch)
+    consistency_floor: float = Field(0.5, ge=0, le=1)
+    consistency_factor: float = Field(4.0, ge=1)
+    consistency_cap: float = Field(0.9, gt=0, le=1)
+
+
+class CheckSizes(_Frozen):
+    """How many prompts the correctness checks use, and how long the outputs are."""
+
+    n_dev: int = Field(8, ge=1)                 # GSM8K dev prompts (chat template)
+    n_heldout_gsm8k: int = Field(8, ge=0)       # GSM8K held-out test-split prompts
+    n_heldout_shapes: int = Field(6, ge=0)      # held-out token-id shapes (ids mapped into the vocab)
+    max_new_tokens: int = Field(64, ge=2)       # greedy outputs of the check prompts
+    tf_max_tokens: int = Field(64, ge=1)        # forced positions per prompt in teacher forcing
+    n_eos_probes: int = Field(4, ge=0)          # prompts whose reference greedy next token is an EOS
+    probe_new_tokens: int = Field(4, ge=2)
+
+
+class SpeedConfig(_Frozen):
+    """Dev speed workloads (natural length with EOS on, and the fixed-length variant), one request at a time."""
+
+    enabled: bool = True
+    n_prompts: int = Field(8, ge=1)
+    reps: int = Field(3, ge=3)                  # medians of at least three interleaved repetitions
+    warmup_requests: int = Field(1, ge=0)
+    natural_max_new_tokens: int | None = Field(None, ge=1)  # None: the prepared workload's (256)
+    fixed_max_new_tokens: int | None = Field(None, ge=1)
+    run_on_fail: bool = False                   # a rejected candidate's speed is rarely worth the time
+
+
+class IsolationConfig(_Frozen):
+    build_timeout_s: float = Field(600.0, gt=0)
+    call_timeout_s: float = Field(600.0, gt=0)
+    gate_timeout_s: float = Field(3600.0, gt=0)
+    memory_limit_gb: float | None = Field(16.0, gt=0)  # CPU: RLIMIT_AS of each engine process
+    # CUDA maps a huge virtual address space, so RLIMIT_AS would kill it; "data" applies RLIMIT_DATA instead.
+    cuda_memory_limit: Literal["none", "data"] = "none"
+    network: Literal["auto", "require", "off"] = "auto"  # unshare --net: when it works / must work / never
+    max_tree_mb: float = Field(256.0, gt=0)      # refuse absurdly large candidate trees
+
+
+class GateConfig(_Frozen):
+    candidate: Path
+    model: str
+    reference: Path = ENGINE_TEMPLATE
+    parent: Path | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    prepared_dir: Path | None = None            # default: data/prepared
+    max_prompt_tokens: int = Field(768, ge=8)   # prompts are left-truncated (the chat turn's end is kept)
+    max_batch_size: int = Field(32, ge=1)
+    seed: int = 0
+    use_cuda_graphs: bool = True
+    checks: CheckSizes = CheckSizes()
+    speed: SpeedConfig = SpeedConfig()
+    isolation: IsolationConfig = IsolationConfig()
+    thresholds: GateThresholds = GateThresholds()
+
+    @model_validator(mode="after")
+    def _check(self) -> "GateConfig":
+        if self.checks.tf_max_tokens > self.checks.max_new_tokens:
+            raise ValueError("checks.tf_max_tokens cannot exceed checks.max_new_tokens")
+        return self
+
+    @classmethod
+    def quick(cls, **values) -> "GateConfig":
+        """Small sizes for a fast look (CPU, smoke tests): a few prompts, short outputs."""
+        values.setdefault("checks", CheckSizes(n_dev=4, n_heldout_gsm8k=4, n_heldout_shapes=2, max_new_tokens=24,
+                                               tf_max_tokens=24, n_eos_probes=3))
+        values.setdefault("speed", SpeedConfig(n_prompts=2, natural_max_new_tokens=32, fixed_max_new_tokens=32))
+        values.setdefault("max_prompt_tokens", 256)
+        return cls(**values)

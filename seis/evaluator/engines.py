@@ -1,0 +1,137 @@
+"""Engines as the gate sees them: one isolated process per engine, a shared wall-clock deadline, replies
+validated before use, and failures attributed (the reference's stop the gate; the candidate's become checks)."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, StrictInt, TypeAdapter, ValidationError
+
+from ..engine_host import EngineError, EngineProcess, EngineTimeout
+from ..engine_host.client import Sampling
+from .errors import ReferenceFailure
+from .isolation import Isolation
+
+
+class GenerationOut(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    token_ids: list[StrictInt]
+    finish_reason: str
+
+
+class ScoreOut(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    token_logprobs: list[float]
+    top_ids: list[list[StrictInt]]
+    top_logprobs: list[list[float]]
+
+
+_GENERATIONS = TypeAdapter(list[GenerationOut])
+_SCORES = TypeAdapter(list[ScoreOut])
+
+
+@dataclass(frozen=True)
+class Failure:
+    op: str
+    message: str
+    timeout: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.op}: {self.message}"
+
+
+class Deadline:
+    """The whole gate's wall-clock budget; every call gets min(its own limit, what is left)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def limit(self, per_call_s: float) -> float:
+        return min(per_call_s, self.end - time.monotonic())
+
+
+class EngineHandle:
+    """One engine process. `trusted` engines (the reference) raise ReferenceFailure on any problem; an untrusted
+    one (candidate, parent) records it in `failures` and returns None, so the gate can keep judging."""
+
+    def __init__(self, role: str, engine_dir: Path, model_dir: Path, options: dict, isolation: Isolation,
+                 deadline: Deadline, build_timeout_s: float, call_timeout_s: float, trusted: bool):
+        self.role, self.trusted, self.deadline = role, trusted, deadline
+        self.build_timeout_s, self.call_timeout_s = build_timeout_s, call_timeout_s
+        self.proc = EngineProcess(engine_dir, model_dir, options, timeout_s=call_timeout_s,
+                                  base_env=isolation.base_env, launcher=isolation.launcher,
+                                  rlimits=isolation.rlimits)
+        self.failures: list[Failure] = []
+        self.timed_out = False
+        self.build_info: dict[str, Any] | None = None
+        self.calls = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.build_info is not None and not self.timed_out and self.proc.proc is not None \
+            and self.proc.proc.poll() is None
+
+    def start(self) -> None:
+        self.proc.start()
+
+    def close(self) -> None:
+        self.proc.close()
+
+    def _call(self, op: str, fn, per_call_s: float, parse=None):
+        if op != "build" and not self.usable:
+            if self.trusted:
+                raise ReferenceFailure(f"the {self.role} engine is not running (before '{op}')")
+            return None  # failed to build, died or timed out earlier: that failure is already recorded
+        limit = self.deadline.limit(per_call_s)
+        self.calls += 1
+        try:
+            if limit <= 0:
+                raise EngineTimeout(f"the gate's time budget ({self.deadline.seconds:.0f} s) ran out before '{op}'")
+            reply = fn(limit)
+            return parse(reply) if parse else reply
+        except EngineTimeout as e:
+            self.timed_out = True
+            self.proc.kill()
+            return self._fail(op, str(e), timeout=True)
+        except EngineError as e:
+            return self._fail(op, str(e))
+        except ValidationError as e:
+            return self._fail(op, f"malformed reply: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}")
+
+    def _fail(self, op: str, message: str, timeout: bool = False):
+        if self.trusted:
+            raise ReferenceFailure(f"the {self.role} engine failed in '{op}': {message}")
+        self.failures.append(Failure(op, message, timeout))
+        return None
+
+    def build(self) -> dict | None:
+        self.build_info = self._call("build", lambda t: self.proc.build(timeout_s=t), self.build_timeout_s)
+        return self.build_info
+
+    def generate(self, prompts: list[list[int]], sampling: list[Sampling]) -> list[GenerationOut] | None:
+        return self._call("generate", lambda t: self.proc.generate(prompts, sampling, timeout_s=t),
+                          self.call_timeout_s, _GENERATIONS.validate_python)
+
+    def score(self, prompts: list[list[int]], continuations: list[list[int]], top_k: int) -> list[ScoreOut] | None:
+        return self._call("score", lambda t: self.proc.score(prompts, continuations, top_k, timeout_s=t),
+                          self.call_timeout_s, _SCORES.validate_python)
+
+    def verify(self, prefixes: list[list[int]], drafts: list[list[int]], top_k: int) -> list[ScoreOut] | None:
+        return self._call("verify", lambda t: self.proc.verify(prefixes, drafts, top_k, timeout_s=t),
+                          self.call_timeout_s, _SCORES.validate_python)
+
+    def stats(self) -> dict | None:
+        return self._call("stats", lambda t: self.proc.stats(timeout_s=t), self.call_timeout_s)
+
+
+def start_and_build(handles: list[EngineHandle]) -> None:
+    """Start every process, then build them concurrently (imports and weight loads overlap)."""
+    for h in handles:
+        h.start()
+    with ThreadPoolExecutor(max_workers=len(handles)) as pool:
+        for future in [pool.submit(h.build) for h in handles]:
+            future.result()  # re-raises ReferenceFailure

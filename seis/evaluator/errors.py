@@ -1,0 +1,10 @@
+"""Errors that stop a gate before any verdict: they are about the inputs or the evaluator, not the candidate."""
+from __future__ import annotations
+
+
+class GateInputError(ValueError):
+    """Bad input (missing or unsafe candidate dir, unknown model, workloads not prepared); the CLI exits 2."""
+
+
+class ReferenceFailure(RuntimeError):
+    """The trusted reference engine failed: the gate cannot judge anything, so it gives no verdict."""

@@ -1,0 +1,186 @@
+"""The development gate: snapshot and isolate the engines, check correctness against the reference, measure
+speed, and return one validated GateResult. Also the dev benchmark agents may run (speed table only)."""
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..engine_import import ENGINE_TEMPLATE
+from .config import GateConfig
+from .correctness import run_correctness
+from .engines import Deadline, EngineHandle, start_and_build
+from .errors import GateInputError
+from .isolation import OFFLINE_ENV, Isolation, make_isolation
+from .schema import CheckResult, DevBenchmarkResult, GateResult, Hashes, IsolationRecord
+from .snapshot import Snapshot, files_sha256, snapshot
+from .speed import measure_speed
+from .workloads import load_gate_workloads, load_speed_workloads, read_model_limits
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # seis/
+
+
+def evaluator_source_sha256() -> str:
+    """The code that judges: this package, the engine host and the engine importer."""
+    files = [*sorted((PACKAGE_ROOT / "evaluator").glob("*.py")), *sorted((PACKAGE_ROOT / "engine_host").glob("*.py")),
+             PACKAGE_ROOT / "engine_import.py"]
+    return files_sha256(files, PACKAGE_ROOT.parent)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def resolve_device(name: str) -> str:
+    if name == "cpu":
+        return "cpu"
+    import torch  # only to ask whether CUDA exists
+    if torch.cuda.is_available():
+        return "cuda"
+    if name == "cuda":
+        raise GateInputError("--device cuda was requested but CUDA is not available here")
+    return "cpu"
+
+
+def _resolve_model(name: str) -> Path:
+    from ..models import ModelError, resolve_model
+    try:
+        return resolve_model(name)
+    except ModelError as e:
+        raise GateInputError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class _Setup:
+    model_dir: Path
+    device: str
+    isolation: Isolation
+    snaps: dict[str, Snapshot]  # role -> snapshot
+
+
+def _setup(config: GateConfig, tmp: Path, roles: dict[str, Path | None]) -> _Setup:
+    """Everything that can be refused before an engine starts: model, device, candidate trees."""
+    limit = config.isolation.max_tree_mb * 2**20
+    snaps = {role: snapshot(src, tmp / role, what="reference" if role == "vanilla" else role, max_bytes=limit)
+             for role, src in roles.items() if src}
+    model_dir = _resolve_model(config.model)
+    device = resolve_device(config.device)
+    return _Setup(model_dir, device, make_isolation(device, config.isolation), snaps)
+
+
+def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[str]) -> dict[str, EngineHandle]:
+    iso = config.isolation
+    deadline = Deadline(iso.gate_timeout_s)
+    options = {"device": setup.device, "dtype": "auto", "max_batch_size": config.max_batch_size,
+               "max_seq_len": max_seq_len, "use_cuda_graphs": config.use_cuda_graphs, "seed": config.seed}
+    handles = {}
+    for role, snap in setup.snaps.items():
+        # Per-call limits are for untrusted code; the trusted reference is bounded by the gate's deadline alone.
+        build_s, call_s = (iso.gate_timeout_s,) * 2 if role in trusted else (iso.build_timeout_s, iso.call_timeout_s)
+        handles[role] = EngineHandle(role, snap.path, setup.model_dir, options, setup.isolation, deadline,
+                                     build_s, call_s, trusted=role in trusted)
+    return handles
+
+
+def _isolation_record(config: GateConfig, iso: Isolation) -> IsolationRecord:
+    c = config.isolation
+    return IsolationRecord(network_isolated=iso.network_isolated, network_method=iso.network_method,
+                           memory_limit=iso.memory_limit, memory_limit_bytes=iso.memory_limit_bytes,
+                           offline_env=dict(OFFLINE_ENV), env_keys=sorted(iso.base_env),
+                           build_timeout_s=c.build_timeout_s, call_timeout_s=c.call_timeout_s,
+                           gate_timeout_s=c.gate_timeout_s)
+
+
+def _engine_checks(cand: EngineHandle) -> list[CheckResult]:
+    build_fail = [str(f) for f in cand.failures if f.op == "build"]
+    timeouts = [str(f) for f in cand.failures if f.timeout]
+    other = [str(f) for f in cand.failures if f.op != "build" and not f.timeout]
+    return [
+        CheckResult.bounded("engine.build", 1.0 if cand.build_info is not None else 0.0, lower=1.0,
+                            detail=build_fail[0] if build_fail else "built"),
+        CheckResult.bounded("engine.timeout", float(cand.timed_out), upper=0.0,
+                            detail=timeouts[0] if timeouts else "every call answered in time"),
+        CheckResult.rules("engine.errors", other, cand.calls),
+    ]
+
+
+def _close(handles: dict[str, EngineHandle]) -> None:
+    for h in handles.values():
+        h.close()
+
+
+def run_gate(config: GateConfig) -> GateResult:
+    """Judge config.candidate against the reference. Raises GateInputError for bad input and ReferenceFailure if
+    the reference itself breaks; anything the candidate does wrong ends up as a failed check instead."""
+    t0, started = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="seis-gate-") as tmp:
+        roles = {"candidate": config.candidate, "vanilla": config.reference,
+                 "parent": config.parent if config.speed.enabled else None}
+        setup = _setup(config, Path(tmp), roles)
+        wl = load_gate_workloads(config, setup.model_dir)
+        vocab, _ = read_model_limits(setup.model_dir)
+        timings["setup"] = time.monotonic() - t0
+        handles = _handles(config, setup, wl.budget.max_seq_len, trusted={"vanilla"})
+        cand, ref = handles["candidate"], handles["vanilla"]
+        calibration, speed, counts, stats = None, None, {}, {}
+        try:
+            mark = time.monotonic()
+            start_and_build(list(handles.values()))
+            timings["build"] = time.monotonic() - mark
+            checks: list[CheckResult] = []
+            if cand.usable:
+                mark = time.monotonic()
+                outcome = run_correctness(ref, cand, wl, config, ref.build_info["eos_token_ids"], vocab)
+                checks, calibration, counts = outcome.checks, outcome.calibration, outcome.counts
+                timings["correctness"] = time.monotonic() - mark
+            correct = all(c.passed for c in checks + _engine_checks(cand))
+            if config.speed.enabled and wl.speed and (correct or config.speed.run_on_fail) and cand.usable:
+                mark = time.monotonic()
+                order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
+                speed = measure_speed(order, wl.speed, config.speed, setup.device)
+                timings["speed"] = time.monotonic() - mark
+            stats = {role: h.stats() for role, h in handles.items() if h.usable}
+        finally:
+            _close(handles)
+        checks = _engine_checks(cand) + checks
+        failed = [c.name for c in checks if not c.passed]
+        snaps = setup.snaps
+        hashes = Hashes(candidate_tree=snaps["candidate"].sha256, reference_tree=snaps["vanilla"].sha256,
+                        parent_tree=snaps["parent"].sha256 if "parent" in snaps else None,
+                        evaluator_source=evaluator_source_sha256(), workloads_manifest=wl.manifest_digest,
+                        workloads=wl.digest(), thresholds=_sha(config.thresholds.model_dump_json()),
+                        config=_sha(config.model_dump_json()))
+        return GateResult(
+            verdict="fail" if failed else "pass", failed_checks=failed, checks=checks, calibration=calibration,
+            speed=speed, hashes=hashes, isolation=_isolation_record(config, setup.isolation), model=config.model,
+            model_dir=str(setup.model_dir), device=setup.device, candidate=str(snaps["candidate"].source),
+            reference=str(snaps["vanilla"].source),
+            parent=str(snaps["parent"].source) if "parent" in snaps else None,
+            engine_stats={k: v for k, v in stats.items() if isinstance(v, dict)}, counts=counts,
+            timings_s={k: round(v, 3) for k, v in timings.items()}, started_at=started,
+            wall_s=round(time.monotonic() - t0, 3), config=config.model_dump(mode="json"))
+
+
+def run_dev_benchmark(config: GateConfig) -> DevBenchmarkResult:
+    """The dev speed table only (candidate, optional parent, vanilla E0): no correctness checks, no held-out data
+    and no thresholds, so it is safe to hand to agents. config.reference is ignored (vanilla is always E0)."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="seis-devbench-") as tmp:
+        setup = _setup(config, Path(tmp), {"candidate": config.candidate, "parent": config.parent,
+                                           "vanilla": ENGINE_TEMPLATE})
+        workloads, budget, _ = load_speed_workloads(config, setup.model_dir)
+        handles = _handles(config, setup, budget.max_seq_len, trusted={"vanilla"})
+        try:
+            start_and_build(list(handles.values()))
+            order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
+            table = measure_speed(order, workloads, config.speed, setup.device)
+        finally:
+            _close(handles)
+        errors = [f"{role}: {f}" for role, h in handles.items() for f in h.failures]  # Failure.__str__
+        return DevBenchmarkResult(candidate_tree=setup.snaps["candidate"].sha256, model=config.model,
+                                  device=setup.device, speed=table, errors=errors,
+                                  wall_s=round(time.monotonic() - t0, 3))

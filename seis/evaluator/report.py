@@ -1,0 +1,79 @@
+"""Plain-text rendering of gate results and speed tables (for terminals and report.md)."""
+from __future__ import annotations
+
+from .schema import CheckResult, DevBenchmarkResult, GateResult, SpeedStat, SpeedTable
+
+
+def _num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.3e}"
+
+
+def _range(s: SpeedStat | None, digits: int = 1) -> str:
+    return "failed" if s is None else f"{s.median:.{digits}f} ({s.min:.{digits}f}–{s.max:.{digits}f})"
+
+
+def _ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}x"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def fmt(row: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+    return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]
+
+
+def render_checks(checks: list[CheckResult]) -> list[str]:
+    rows = [["ok" if c.passed and not c.skipped else "skip" if c.skipped else "FAIL", c.name, _num(c.value),
+             c.threshold, c.detail[:110]] for c in checks]
+    return _table(["", "check", "value", "threshold", "detail"], rows)
+
+
+def render_speed(table: SpeedTable) -> list[str]:
+    rows = [[r.workload, r.engine, f"{r.tokens_per_pass:.0f}", _range(r.tok_per_s), _range(r.latency_ms),
+             _ratio(r.vs_parent), _ratio(r.vs_vanilla)] for r in table.rows]
+    lines = [f"Speed on {table.device}: dev workloads, one request at a time, median (min–max) of {table.reps} "
+             f"interleaved repetitions"]
+    lines += _table(["workload", "engine", "tokens", "tok/s", "latency ms", "vs parent", "vs vanilla"], rows)
+    lines += [f"  {w.name}: {w.n_prompts} prompts, max_new_tokens {w.max_new_tokens}, "
+              f"{'ignore_eos' if w.ignore_eos else 'EOS on'}" for w in table.workloads]
+    errors = [f"  {r.engine} on {r.workload}: {r.error}" for r in table.rows if r.error]
+    return lines + errors
+
+
+def render_gate(result: GateResult) -> str:
+    iso = result.isolation
+    lines = [
+        f"SEIS gate: candidate {result.candidate} (tree {result.hashes.candidate_tree[:12]}) vs reference "
+        f"{result.reference} (tree {result.hashes.reference_tree[:12]})",
+        f"model {result.model} on {result.device}; wall {result.wall_s:.1f} s; isolation: snapshot, "
+        f"network {'isolated (' + iso.network_method + ')' if iso.network_isolated else 'NOT isolated'}, "
+        f"memory {iso.memory_limit}, offline env",
+        "",
+        "Correctness (candidate vs reference):",
+        *render_checks(result.checks),
+    ]
+    if result.calibration:
+        cal = result.calibration
+        lines += ["", f"Calibration ({cal.requests} requests, {cal.positions} forced positions): "
+                  + ", ".join(f"{k} noise {cal.noise[k]:.3g} -> tol {cal.tolerance[k]:.3g}" for k in cal.noise)]
+    if result.speed:
+        lines += ["", *render_speed(result.speed)]
+    lines.append("")
+    if result.verdict == "pass":
+        lines.append(f"VERDICT: PASS ({len(result.checks)} checks passed)")
+    else:
+        lines.append(f"VERDICT: FAIL ({len(result.failed_checks)} of {len(result.checks)} checks failed)")
+        for c in result.checks:
+            if not c.passed:
+                lines.append(f"  {c.name}: value {_num(c.value)}, threshold {c.threshold} — {c.detail}")
+    return "\n".join(lines)
+
+
+def render_dev_benchmark(result: DevBenchmarkResult) -> str:
+    lines = [f"Dev benchmark: candidate tree {result.candidate_tree[:12]}, model {result.model}, "
+             f"wall {result.wall_s:.1f} s", *render_speed(result.speed)]
+    return "\n".join(lines + [f"error: {e}" for e in result.errors])

@@ -1,0 +1,172 @@
+"""The gate's JSON result (and the dev benchmark's): pydantic models, validated when built and when read back."""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CheckResult(_Model):
+    """One named correctness check: passes iff lower <= value <= upper (bounds that are None don't apply)."""
+
+    name: str
+    value: float | None            # None: could not be computed (then it fails, unless `skipped`)
+    lower: float | None = None
+    upper: float | None = None
+    passed: bool
+    skipped: bool = False           # nothing to check (e.g. the reference never produced an EOS): passes
+    detail: str = ""
+    extra: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def threshold(self) -> str:
+        if self.lower is not None and self.upper is not None:
+            return f"in [{self.lower:.4g}, {self.upper:.4g}]"
+        if self.lower is not None:
+            return f">= {self.lower:.4g}"
+        if self.upper is not None:
+            return f"<= {self.upper:.4g}"
+        return "-"
+
+    @classmethod
+    def bounded(cls, name: str, value: float | None, lower: float | None = None, upper: float | None = None,
+                detail: str = "", extra: dict[str, float] | None = None) -> "CheckResult":
+        ok = value is not None and math.isfinite(value) and (lower is None or value >= lower) \
+            and (upper is None or value <= upper)
+        if value is not None and not math.isfinite(value):
+            detail = f"not finite ({value}); " + detail
+            value = None
+        return cls(name=name, value=value, lower=lower, upper=upper, passed=ok, detail=detail.strip("; "),
+                   extra=extra or {})
+
+    @classmethod
+    def rules(cls, name: str, problems: list[str], checked: int) -> "CheckResult":
+        """A rule check: value = number of violations (must be 0)."""
+        detail = "; ".join(problems[:3]) + (f"; … {len(problems) - 3} more" if len(problems) > 3 else "")
+        return cls(name=name, value=float(len(problems)), upper=0.0, passed=not problems,
+                   detail=detail or f"{checked} checked", extra={"checked": float(checked)})
+
+    @classmethod
+    def skip(cls, name: str, detail: str) -> "CheckResult":
+        return cls(name=name, value=None, passed=True, skipped=True, detail=detail)
+
+
+class Calibration(_Model):
+    """The reference's own noise (reference vs reference under another batch composition) and the tolerances
+    derived from it: tolerance = min(cap, max(floor, factor * noise))."""
+
+    method: str
+    noise: dict[str, float]
+    tolerance: dict[str, float]
+    positions: int                  # forced positions in the noise measurement
+    requests: int                   # requests in the noise measurement
+
+
+class Hashes(_Model):
+    candidate_tree: str
+    reference_tree: str
+    parent_tree: str | None = None
+    evaluator_source: str
+    workloads_manifest: str         # data/prepared/manifest.json digest
+    workloads: str                  # the exact prompts, sampling and budgets this run used
+    thresholds: str
+    config: str
+
+
+class IsolationRecord(_Model):
+    snapshot: bool = True           # engines ran from private copies, validated and hashed before the run
+    network_isolated: bool
+    network_method: str
+    memory_limit: str
+    memory_limit_bytes: int | None
+    offline_env: dict[str, str]
+    env_keys: list[str]             # names (not values) of the variables the engine processes received
+    build_timeout_s: float
+    call_timeout_s: float
+    gate_timeout_s: float
+
+
+class SpeedStat(_Model):
+    median: float
+    min: float
+    max: float
+    n: int
+    values: list[float]
+
+
+class SpeedWorkloadInfo(_Model):
+    name: str
+    n_prompts: int
+    max_new_tokens: int
+    ignore_eos: bool
+    workload_digest: str
+
+
+class SpeedRow(_Model):
+    workload: str
+    engine: str                     # candidate | parent | vanilla
+    tokens_per_pass: float
+    tok_per_s: SpeedStat | None     # None: the engine failed during the measurement
+    latency_ms: SpeedStat | None    # per-request latency (median over the requests of a pass)
+    vs_parent: float | None = None  # median tok/s ratio
+    vs_vanilla: float | None = None
+    error: str | None = None
+
+
+class SpeedTable(_Model):
+    device: str
+    reps: int
+    method: str
+    workloads: list[SpeedWorkloadInfo]
+    rows: list[SpeedRow]
+
+
+class GateResult(_Model):
+    schema_version: int = SCHEMA_VERSION
+    verdict: Literal["pass", "fail"]
+    failed_checks: list[str]
+    checks: list[CheckResult]
+    calibration: Calibration | None
+    speed: SpeedTable | None
+    hashes: Hashes
+    isolation: IsolationRecord
+    model: str
+    model_dir: str
+    device: str
+    candidate: str
+    reference: str
+    parent: str | None
+    engine_stats: dict[str, dict]
+    counts: dict[str, int]
+    timings_s: dict[str, float]
+    started_at: str
+    wall_s: float
+    config: dict
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "GateResult":
+        failed = [c.name for c in self.checks if not c.passed]
+        if failed != self.failed_checks:
+            raise ValueError(f"failed_checks {self.failed_checks} do not match the checks ({failed})")
+        if (self.verdict == "pass") != (not failed and bool(self.checks)):
+            raise ValueError(f"verdict {self.verdict!r} contradicts the checks")
+        return self
+
+
+class DevBenchmarkResult(_Model):
+    """What agents may see: the dev speed table only (no held-out data, no thresholds)."""
+
+    schema_version: int = SCHEMA_VERSION
+    candidate_tree: str
+    model: str
+    device: str
+    speed: SpeedTable
+    errors: list[str]
+    wall_s: float

@@ -1,0 +1,206 @@
+"""The prompts a gate runs, built from the prepared workloads (data/prepared) and the model's tokenizer.
+
+Dev prompts are GSM8K dev questions (what agents may benchmark); held-out prompts are GSM8K test-split
+questions plus the held-out token-id shapes, which only the evaluator ever runs. Everything is truncated to the
+model's limits, so the same config on the same model always yields the same token ids (and the same digest).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..engine_host.client import Sampling
+from ..workloads import (
+    DevWorkload,
+    WorkloadDataError,
+    gsm8k_messages,
+    load_dev_workloads,
+    load_gsm8k_split,
+    load_heldout_shapes,
+    verify_prepared,
+)
+from .config import GateConfig
+from .errors import GateInputError
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Requests in a fixed order: the batch composition the candidate and the reference both see."""
+
+    name: str
+    labels: tuple[str, ...]
+    prompts: tuple[tuple[int, ...], ...]
+    sampling: tuple[Sampling, ...]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def prompt_lists(self) -> list[list[int]]:
+        return [list(p) for p in self.prompts]
+
+    def subset(self, indices: list[int], name: str | None = None) -> "PromptSet":
+        return PromptSet(name or self.name, tuple(self.labels[i] for i in indices),
+                         tuple(self.prompts[i] for i in indices), tuple(self.sampling[i] for i in indices))
+
+    def __add__(self, other: "PromptSet") -> "PromptSet":
+        return PromptSet(f"{self.name}+{other.name}", self.labels + other.labels, self.prompts + other.prompts,
+                         self.sampling + other.sampling)
+
+
+@dataclass(frozen=True)
+class SpeedWorkload:
+    name: str
+    workload_digest: str       # the prepared DevWorkload definition it came from
+    prompts: PromptSet
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_seq_len: int           # what the engines are built with
+    check_prompt_cap: int
+    speed_prompt_cap: int
+
+
+@dataclass(frozen=True)
+class GateWorkloads:
+    dev: PromptSet
+    heldout: PromptSet
+    speed: tuple[SpeedWorkload, ...]
+    budget: Budget
+    manifest_digest: str
+
+    def digest(self) -> str:
+        return _digest({"manifest": self.manifest_digest, "dev": _set_json(self.dev),
+                        "heldout": _set_json(self.heldout), "budget": asdict(self.budget),
+                        "speed": [{"name": w.name, "workload": w.workload_digest, **_set_json(w.prompts)}
+                                  for w in self.speed]})
+
+
+def _set_json(s: PromptSet) -> dict:
+    return {"labels": list(s.labels), "prompts": [list(p) for p in s.prompts],
+            "sampling": [asdict(x) for x in s.sampling]}
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def read_model_limits(model_dir: Path) -> tuple[int, int]:
+    """(vocab_size, max_position_embeddings) from config.json."""
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(raw["vocab_size"]), int(raw.get("max_position_embeddings", 2048))
+
+
+def _new_tokens(config: GateConfig, wl: DevWorkload) -> int:
+    override = config.speed.fixed_max_new_tokens if wl.ignore_eos else config.speed.natural_max_new_tokens
+    return override or wl.max_new_tokens
+
+
+def make_budget(config: GateConfig, max_positions: int, speed_new: int | None) -> Budget:
+    """speed_new: the longest speed output, or None when speed is not measured."""
+    check_new = config.checks.max_new_tokens + config.checks.probe_new_tokens
+    new = max(check_new, speed_new or 0)
+    max_seq_len = min(max_positions, config.max_prompt_tokens + new)
+    budget = Budget(max_seq_len, min(config.max_prompt_tokens, max_seq_len - check_new),
+                    min(config.max_prompt_tokens, max_seq_len - (speed_new or 0)))
+    if min(budget.check_prompt_cap, budget.speed_prompt_cap) < 8:
+        raise GateInputError(f"the model's context ({max_positions} positions) is too small for "
+                             f"{new} new tokens plus a prompt; lower max_new_tokens")
+    return budget
+
+
+def _tokenizer(model_dir: Path):
+    from ..prompts import load_tokenizer
+    tok = load_tokenizer(model_dir)
+    tok.model_max_length = sys.maxsize  # we truncate ourselves; silences the "longer than maximum" warning
+    return tok
+
+
+def _gsm8k_prompt(tok, question: str, cap: int) -> tuple[int, ...]:
+    from ..prompts import encode_prompt
+    ids = encode_prompt(tok, gsm8k_messages(question)[0]["content"], chat=bool(tok.chat_template))
+    return tuple(ids[-cap:])  # keep the end: the chat turn's closing and the assistant header
+
+
+def _shape_ids(ids: tuple[int, ...], allowed: list[int], vocab: int, special: set[int]) -> tuple[int, ...]:
+    """Held-out ids drawn for a large vocabulary, mapped into this model's ordinary tokens."""
+    return tuple(i if i < vocab and i not in special else allowed[i % len(allowed)] for i in ids)
+
+
+def _spread(n_total: int, n: int) -> list[int]:
+    if n <= 0 or n_total == 0:
+        return []
+    if n == 1 or n_total == 1:
+        return [0]
+    return sorted({round(i * (n_total - 1) / (n - 1)) for i in range(min(n, n_total))})
+
+
+def _prepared(config: GateConfig, loader):
+    try:
+        return loader()
+    except WorkloadDataError as e:
+        raise GateInputError(f"{e} (prepared workloads dir: {config.prepared_dir or 'data/prepared'})") from None
+
+
+def _speed_workloads(config: GateConfig, tok, cap: int) -> tuple[SpeedWorkload, ...]:
+    root = config.prepared_dir
+    dev_items = {item.id: item for item in _prepared(config, lambda: load_gsm8k_split("dev", root))}
+    out = []
+    for wl in _prepared(config, lambda: load_dev_workloads(root)):
+        new = _new_tokens(config, wl)
+        ids = wl.item_ids[: config.speed.n_prompts]
+        sampling = Sampling(max_new_tokens=new, temperature=wl.temperature, ignore_eos=wl.ignore_eos)
+        prompts = PromptSet(wl.name, tuple(f"gsm8k-dev:{i}" for i in ids),
+                            tuple(_gsm8k_prompt(tok, dev_items[i].question, cap) for i in ids),
+                            (sampling,) * len(ids))
+        name = wl.name if new == wl.max_new_tokens else f"{wl.name}@{new}"  # sizes overridden (quick runs)
+        out.append(SpeedWorkload(name, wl.digest(), prompts))
+    return tuple(out)
+
+
+def speed_new_tokens(config: GateConfig) -> int:
+    wls = _prepared(config, lambda: load_dev_workloads(config.prepared_dir))
+    return max(_new_tokens(config, w) for w in wls)
+
+
+def load_speed_workloads(config: GateConfig, model_dir: Path) -> tuple[tuple[SpeedWorkload, ...], Budget, str]:
+    """Only the dev speed workloads (for the agents' dev benchmark): no held-out file is opened."""
+    manifest = _prepared(config, lambda: verify_prepared(config.prepared_dir))
+    _, max_positions = read_model_limits(model_dir)
+    budget = make_budget(config, max_positions, speed_new_tokens(config))
+    return _speed_workloads(config, _tokenizer(model_dir), budget.speed_prompt_cap), budget, manifest.digest()
+
+
+def load_gate_workloads(config: GateConfig, model_dir: Path) -> GateWorkloads:
+    root = config.prepared_dir
+    manifest = _prepared(config, lambda: verify_prepared(root))
+    vocab, max_positions = read_model_limits(model_dir)
+    budget = make_budget(config, max_positions, speed_new_tokens(config) if config.speed.enabled else None)
+    tok = _tokenizer(model_dir)
+    cap, sizes = budget.check_prompt_cap, config.checks
+    greedy = Sampling(max_new_tokens=sizes.max_new_tokens)
+
+    dev_items = _prepared(config, lambda: load_gsm8k_split("dev", root))[: sizes.n_dev]
+    dev = PromptSet("dev", tuple(f"gsm8k-dev:{it.id}" for it in dev_items),
+                    tuple(_gsm8k_prompt(tok, it.question, cap) for it in dev_items), (greedy,) * len(dev_items))
+
+    test_items = _prepared(config, lambda: load_gsm8k_split("test", root))[: sizes.n_heldout_gsm8k]
+    shapes = _prepared(config, lambda: load_heldout_shapes(root))
+    chosen = [shapes.shapes[i] for i in _spread(len(shapes.shapes), sizes.n_heldout_shapes)]
+    limit = min(vocab, len(tok))
+    special = set(tok.all_special_ids)
+    allowed = [i for i in range(limit) if i not in special]
+    heldout = PromptSet(
+        "heldout",
+        tuple(f"gsm8k-test:{it.id}" for it in test_items) + tuple(f"shape:{s.prompt_len}x{s.output_len}"
+                                                                  for s in chosen),
+        tuple(_gsm8k_prompt(tok, it.question, cap) for it in test_items)
+        + tuple(_shape_ids(s.token_ids[:cap], allowed, limit, special) for s in chosen),
+        (greedy,) * len(test_items)
+        + tuple(Sampling(max_new_tokens=min(s.output_len, sizes.max_new_tokens), ignore_eos=shapes.ignore_eos)
+                for s in chosen))
+    speed = _speed_workloads(config, tok, budget.speed_prompt_cap) if config.speed.enabled else ()
+    return GateWorkloads(dev, heldout, speed, budget, manifest.digest())

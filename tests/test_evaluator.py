@@ -1,0 +1,301 @@
+"""The evaluator on CPU with tiny-qwen3: E0 passes against itself, each broken candidate is rejected by its own
+named check, bad input is refused clearly, and the isolation it claims is what the engine process sees."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from seis.engine_host import EngineProcess
+from seis.engine_import import ENGINE_TEMPLATE
+from seis.evaluator import GateInputError, GateResult, SpeedConfig, run_dev_benchmark, run_gate
+from seis.evaluator.checks import forced_stats, greedy_agreement, topk_kl, tolerance
+from seis.evaluator.engines import GenerationOut, ScoreOut
+from seis.evaluator.gate import evaluator_source_sha256
+from seis.evaluator.snapshot import snapshot, tree_sha256
+from seis.evaluator.workloads import load_gate_workloads
+from seis.models import resolve_model
+from seis.workloads import DEFAULT_PREPARED_DIR, WorkloadDataError, prepare_all, verify_prepared
+
+import evaluator_helpers as H
+
+GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        verify_prepared(DEFAULT_PREPARED_DIR)
+        return DEFAULT_PREPARED_DIR
+    except WorkloadDataError:
+        pass
+    if not GSM8K_DIR.is_dir():
+        pytest.skip(f"no prepared workloads and no GSM8K source at {GSM8K_DIR}")
+    out = tmp_path_factory.mktemp("prepared")
+    prepare_all(out, gsm8k_dir=GSM8K_DIR)
+    return out
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return resolve_model("tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def e0_gate(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> GateResult:
+    """E0 vs a copy of E0, with speed on and a parent that reports what its process can see."""
+    tmp = tmp_path_factory.mktemp("e0")
+    candidate = H.copy_engine(tmp / "candidate")
+    parent = H.introspecting(H.copy_engine(tmp / "parent"))
+    speed = SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8)
+    with pytest.MonkeyPatch.context() as mp:  # must not reach the engine processes
+        mp.setenv("https_proxy", "http://127.0.0.1:9")
+        mp.setenv("SEIS_TEST_PRIVATE", "1")
+        return run_gate(H.tiny_config(prepared, candidate, parent=parent, speed=speed))
+
+
+def _failed(result: GateResult) -> set[str]:
+    return set(result.failed_checks)
+
+
+# --- E0 against itself ----------------------------------------------------------------------------------------------
+def test_e0_copy_passes_every_check(e0_gate: GateResult) -> None:
+    assert e0_gate.verdict == "pass", e0_gate.failed_checks
+    names = {c.name for c in e0_gate.checks}
+    for split in ("dev", "heldout"):
+        for path in ("decode", "verify"):
+            assert {f"{split}.{path}.kl", f"{split}.{path}.top1", f"{split}.{path}.ppl_ratio"} <= names
+        assert {f"{split}.answered", f"{split}.lengths", f"{split}.eos", f"{split}.greedy_exact",
+                f"{split}.greedy_valid"} <= names
+    assert {"dev_heldout.consistency", "eos_probe.stops", "engine.build", "engine.timeout"} <= names
+    kl = next(c for c in e0_gate.checks if c.name == "dev.decode.kl")
+    assert kl.value == pytest.approx(0.0, abs=1e-6) and kl.extra["positions"] == kl.extra["expected_positions"] > 0
+    # The EOS probe found prompts to test with (the tiny model does emit EOS), so that check is not vacuous.
+    assert e0_gate.counts["eos_probes"] > 0
+    assert not next(c for c in e0_gate.checks if c.name == "eos_probe.stops").skipped
+
+
+def test_result_records_calibration_hashes_and_round_trips(e0_gate: GateResult) -> None:
+    cal = e0_gate.calibration
+    assert cal is not None and cal.positions > 0
+    th = H.tiny_config(Path("."), Path(".")).thresholds
+    assert cal.noise["kl"] < 1e-6  # CPU fp32: batched vs alone is (nearly) bit-identical
+    assert cal.tolerance["kl"] == th.kl_floor and cal.tolerance["top1"] == th.top1_floor
+    h = e0_gate.hashes
+    assert h.candidate_tree == h.reference_tree == tree_sha256(ENGINE_TEMPLATE)
+    assert h.parent_tree not in (None, h.candidate_tree)
+    assert h.evaluator_source == evaluator_source_sha256()
+    assert all(len(v) == 64 for v in (h.workloads, h.workloads_manifest, h.thresholds, h.config))
+    again = GateResult.model_validate_json(e0_gate.model_dump_json())
+    assert again == e0_gate
+    tampered = json.loads(e0_gate.model_dump_json())
+    tampered["checks"][0]["passed"] = False
+    with pytest.raises(ValidationError, match="failed_checks"):
+        GateResult.model_validate(tampered)
+
+
+def test_speed_is_interleaved_with_ratios(e0_gate: GateResult) -> None:
+    speed = e0_gate.speed
+    assert speed is not None and speed.reps == 3
+    assert {w.name for w in speed.workloads} == {"dev-natural@8", "dev-fixed256@8"}
+    for wl in speed.workloads:
+        rows = {r.engine: r for r in speed.rows if r.workload == wl.name}
+        assert set(rows) == {"candidate", "parent", "vanilla"}
+        for r in rows.values():
+            assert r.error is None and r.tok_per_s.n == 3 and r.tok_per_s.min <= r.tok_per_s.median <= r.tok_per_s.max
+            assert r.latency_ms.median > 0
+        cand = rows["candidate"]
+        assert cand.vs_vanilla == pytest.approx(cand.tok_per_s.median / rows["vanilla"].tok_per_s.median)
+        assert cand.vs_parent == pytest.approx(cand.tok_per_s.median / rows["parent"].tok_per_s.median)
+    fixed = next(r for r in speed.rows if r.workload == "dev-fixed256@8" and r.engine == "candidate")
+    assert fixed.tokens_per_pass == 8  # ignore_eos: exactly max_new_tokens for the one prompt
+
+
+def test_engine_process_runs_isolated_from_a_snapshot(e0_gate: GateResult) -> None:
+    iso, seen = e0_gate.isolation, e0_gate.engine_stats["parent"]
+    assert iso.memory_limit.startswith("RLIMIT_AS") and seen["probe_rlimit_as"] == iso.memory_limit_bytes
+    assert {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"} <= set(seen["probe_env"])
+    assert not {"https_proxy", "SEIS_TEST_PRIVATE"} & set(seen["probe_env"])
+    if iso.network_isolated:
+        assert seen["probe_interfaces"] == ["lo"]
+    # It ran from a private copy (since deleted), not from the directory it was given.
+    assert not seen["probe_engine_file"].startswith(e0_gate.parent)
+    assert not Path(seen["probe_engine_file"]).exists()
+
+
+# --- broken candidates: each rejected by its own check --------------------------------------------------------------
+BROKEN = {
+    "skip_layer": (H.skip_last_layer, "dev.decode.kl"),
+    "perturbed_logits": (H.perturb_logits, "dev.verify.kl"),
+    "dropped_requests": (H.drop_requests, "dev.answered"),
+    "truncated_outputs": (H.truncate_outputs, "dev.lengths"),
+    "eos_ignored": (H.ignore_eos, "eos_probe.stops"),
+    "import_error": (H.import_error, "engine.build"),
+    "build_error": (H.build_error, "engine.build"),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_broken_candidate_is_rejected_by_its_check(name: str, prepared: Path, tmp_path: Path) -> None:
+    breaker, check = BROKEN[name]
+    result = run_gate(H.tiny_config(prepared, breaker(H.copy_engine(tmp_path / name))))
+    assert result.verdict == "fail"
+    assert check in _failed(result), result.failed_checks
+    failed = next(c for c in result.checks if c.name == check)
+    assert failed.detail and (failed.value is None or failed.lower is not None or failed.upper is not None)
+    if name == "import_error":
+        assert "engine_dependency_that_does_not_exist" in failed.detail
+    if name == "build_error":
+        assert "weights in an unexpected layout" in failed.detail
+    if name in ("skip_layer", "perturbed_logits"):
+        assert failed.value > failed.upper * 5  # far outside, not a borderline call
+    if name == "dropped_requests":
+        assert "replies for" in failed.detail
+
+
+def test_hang_in_build_times_out(prepared: Path, tmp_path: Path) -> None:
+    cand = H.hang_in_build(H.copy_engine(tmp_path / "hang"))
+    cfg = H.tiny_config(prepared, cand)
+    cfg = cfg.model_copy(update={"isolation": cfg.isolation.model_copy(update={"build_timeout_s": 10})})
+    result = run_gate(cfg)
+    assert result.verdict == "fail" and "engine.timeout" in _failed(result)
+    assert "within 10 s" in next(c for c in result.checks if c.name == "engine.timeout").detail
+    assert result.wall_s < 60
+
+
+@pytest.fixture(scope="module")
+def dev_reference(prepared: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The dev prompts exactly as the gate encodes them, and the reference's greedy outputs for them."""
+    cfg = H.tiny_config(prepared, ENGINE_TEMPLATE)
+    wl = load_gate_workloads(cfg, model_dir)
+    options = {"device": "cpu", "max_seq_len": wl.budget.max_seq_len, "max_batch_size": cfg.max_batch_size}
+    with EngineProcess(ENGINE_TEMPLATE, model_dir, options) as ref:
+        ref.build()
+        outs = ref.generate(wl.dev.prompt_lists(), list(wl.dev.sampling))
+    return wl, {p: (o["token_ids"], o["finish_reason"]) for p, o in zip(wl.dev.prompts, outs)}
+
+
+def test_outputs_hardcoded_for_dev_prompts_fail_on_heldout(dev_reference, prepared: Path, tmp_path: Path) -> None:
+    _, baked = dev_reference
+    result = run_gate(H.tiny_config(prepared, H.hardcode_outputs(H.copy_engine(tmp_path / "baked"), baked)))
+    assert result.verdict == "fail"
+    assert {"heldout.greedy_exact", "heldout.greedy_valid"} <= _failed(result)
+    valid = next(c for c in result.checks if c.name == "heldout.greedy_valid")
+    assert valid.value < 0.5  # made-up tokens are not what the reference would pick
+    assert not [n for n in _failed(result) if n.startswith("dev.")]  # indistinguishable from E0 on dev alone
+
+
+def test_dev_only_behaviour_fails_consistency(dev_reference, prepared: Path, tmp_path: Path) -> None:
+    wl, _ = dev_reference
+    cand = H.dev_only_batches(H.copy_engine(tmp_path / "devonly"), list(wl.dev.prompts))
+    result = run_gate(H.tiny_config(prepared, cand))
+    assert result.verdict == "fail"
+    assert "dev_heldout.consistency" in _failed(result)
+    assert not [n for n in _failed(result) if n.startswith("dev.")]
+
+
+# --- bad input -------------------------------------------------------------------------------------------------------
+def _refusal(prepared: Path, candidate: Path, **kw) -> str:
+    with pytest.raises(GateInputError) as info:
+        run_gate(H.tiny_config(prepared, candidate, **kw))
+    return str(info.value)
+
+
+def test_bad_input_is_refused_with_a_clear_reason(prepared: Path, tmp_path: Path) -> None:
+    assert "does not exist" in _refusal(prepared, tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    assert "no engine package" in _refusal(prepared, tmp_path / "empty")
+    assert "unknown model 'no-such-model'" in _refusal(prepared, ENGINE_TEMPLATE, model="no-such-model")
+    assert "prepared" in _refusal(tmp_path / "nowhere", ENGINE_TEMPLATE)
+
+
+@pytest.mark.parametrize("plant, reason", [
+    (lambda d: (d / "seis").mkdir(), "own 'seis' module"),
+    (lambda d: (d / "sitecustomize.py").write_text("print('hi')\n"), "sitecustomize.py is not allowed"),
+    (lambda d: (d / "engine" / "usercustomize.py").write_text(""), "usercustomize.py is not allowed"),
+    (lambda d: (d / "evil.pth").write_text("import os\n"), "evil.pth is not allowed"),
+    (lambda d: (d / "conftest.py").write_text(""), "conftest.py is not allowed"),
+    (lambda d: (d / "engine" / "outside.py").symlink_to("/etc/hostname"), "points outside it"),
+])
+def test_unsafe_workspace_is_refused(plant, reason: str, prepared: Path, tmp_path: Path) -> None:
+    cand = H.copy_engine(tmp_path / "ws")
+    plant(cand)
+    assert reason in _refusal(prepared, cand)
+
+
+def test_cli_exit_codes(prepared: Path, tmp_path: Path) -> None:
+    from seis.cli import app
+
+    runner = CliRunner()
+    missing = runner.invoke(app, ["gate", "--candidate", str(tmp_path / "nope"), "--model", "tiny-qwen3"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    unknown = runner.invoke(app, ["gate", "--candidate", str(ENGINE_TEMPLATE), "--model", "no-such-model",
+                                  "--prepared-dir", str(prepared)])
+    assert unknown.exit_code == 2 and "unknown model" in unknown.output
+
+    cand = H.truncate_outputs(H.copy_engine(tmp_path / "trunc"))
+    out = tmp_path / "gate.json"
+    res = runner.invoke(app, ["gate", "--candidate", str(cand), "--model", "tiny-qwen3", "--device", "cpu",
+                              "--quick", "--prepared-dir", str(prepared), "--json", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "VERDICT: FAIL" in res.output and "dev.lengths" in res.output
+    assert GateResult.model_validate_json(out.read_text()).verdict == "fail"
+
+
+# --- the agents' dev benchmark -------------------------------------------------------------------------------------
+def test_dev_benchmark_returns_only_the_dev_speed_table(prepared: Path, tmp_path: Path) -> None:
+    cand = H.copy_engine(tmp_path / "cand")
+    speed = SpeedConfig(n_prompts=1, natural_max_new_tokens=6, fixed_max_new_tokens=6)
+    result = run_dev_benchmark(H.tiny_config(prepared, cand, speed=speed))
+    assert not result.errors
+    assert {r.engine for r in result.speed.rows} == {"candidate", "vanilla"}
+    assert all(w.name.startswith("dev-") for w in result.speed.workloads)
+    dumped = result.model_dump_json()
+    for secret in ("heldout", "gsm8k-test", "threshold", "tolerance", "calibration", "shape:"):
+        assert secret not in dumped
+
+
+# --- pure pieces ---------------------------------------------------------------------------------------------------
+def test_topk_kl_properties() -> None:
+    ids, lps = [1, 2, 3], [math.log(0.6), math.log(0.3), math.log(0.05)]
+    assert topk_kl(ids, lps, ids, lps) == pytest.approx(0.0, abs=1e-12)
+    sharper = [math.log(0.9), math.log(0.05), math.log(0.03)]
+    assert topk_kl(ids, lps, ids, sharper) > 0.1  # mass moved onto the top token is caught (via the rest bucket)
+    # A token missing from the candidate's top-k is bounded by its k-th log-prob: finite, positive.
+    missing = topk_kl(ids, lps, [1, 2, 9], [math.log(0.6), math.log(0.3), math.log(0.01)])
+    assert 0 < missing < 1
+    assert tolerance(0.02, 5, 1e-3, 0.5) == 0.02 and tolerance(0.02, 5, 0.01, 0.5) == 0.05
+    assert tolerance(0.02, 5, 1.0, 0.5) == 0.5 and tolerance(0.02, 5, math.nan, 0.5) == 0.5
+
+
+def test_agreement_and_forced_stats_count_missing_replies() -> None:
+    ref = [GenerationOut(token_ids=[1, 2, 3], finish_reason="length")] * 2
+    agree = greedy_agreement(ref, [GenerationOut(token_ids=[1, 2, 4], finish_reason="length")])
+    assert agree.exact_rate == 0.0 and agree.mean_first_divergence == 1.0
+    s = ScoreOut(token_logprobs=[-0.1, -0.2], top_ids=[[1, 2], [3, 4]], top_logprobs=[[-0.1, -3.0], [-0.2, -2.0]])
+    full = forced_stats([s, s], [s, s])
+    assert full.kl == 0 and full.top1 == 1 and full.ppl_ratio == 1
+    half = forced_stats([s, s], [s])
+    assert half.positions == 2 and half.expected_positions == 4 and half.top1 == 0.5
+
+
+def test_snapshot_is_a_private_hashed_copy(tmp_path: Path) -> None:
+    src = H.copy_engine(tmp_path / "src")
+    before = tree_sha256(src)
+    (src / "engine" / "__pycache__").mkdir(exist_ok=True)
+    (src / "engine" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
+    assert tree_sha256(src) == before  # caches do not count
+    snap = snapshot(src, tmp_path / "snap")
+    assert snap.sha256 == before and snap.path != src
+    (src / "engine" / "engine.py").write_text("# changed after the snapshot\n")
+    assert tree_sha256(src) != before and tree_sha256(snap.path) == before
+    assert not (snap.path / "engine" / "__pycache__").exists()
+    os.symlink(src / "engine" / "model.py", src / "engine" / "alias.py")  # in-tree links are fine
+    assert snapshot(src, tmp_path / "snap2").path.joinpath("engine", "alias.py").is_file()
+    assert resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY  # the gate never limits itself
