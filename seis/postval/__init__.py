@@ -1,0 +1,32 @@
+"""Post-validation: judge a retained engine against vanilla E0 (same weights, same run), outside the agents'
+feedback — GSM8K and retrieval accuracy, natural-length and fixed-length speed, latency, held-out shapes,
+the bandwidth bound, energy; results as postval.json, tables (md + parquet) and figures (png).
+
+    from seis.postval import make_config, run_post_validation
+    result = run_post_validation(make_config(engine_dir="path/to/engine", model="tiny-qwen3", quick=True))
+
+Heavy libraries (torch, pandas, matplotlib) are imported only where they are used.
+"""
+from .config import QUICK, PostValConfig, PostValError, make_config
+from .figures import plot_chain_speedups
+from .plan import check_model, fetch_snapshot, prepare_plan
+from .result import AccuracySummary, ItemOutcome, PostValResult, SpeedComparison, SpeedMeasure
+from .run import run_post_validation, write_outputs
+
+__all__ = [
+    "QUICK",
+    "AccuracySummary",
+    "ItemOutcome",
+    "PostValConfig",
+    "PostValError",
+    "PostValResult",
+    "SpeedComparison",
+    "SpeedMeasure",
+    "check_model",
+    "fetch_snapshot",
+    "make_config",
+    "plot_chain_speedups",
+    "prepare_plan",
+    "run_post_validation",
+    "write_outputs",
+]

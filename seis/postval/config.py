@@ -1,0 +1,128 @@
+"""What a post-validation run measures, validated before any work starts."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..engine_import import ENGINE_TEMPLATE
+
+
+class PostValError(ValueError):
+    """Bad input to post-validation (engine dir, model, sizes, prepared data); the message says what to fix."""
+
+
+# `--quick`: a smoke run that finishes in about a minute on a CPU with a small model. Values the caller sets
+# explicitly win over these.
+QUICK: dict[str, Any] = {
+    "gsm8k_items": 8,
+    "retrieval_items": 9,  # one per length bucket
+    "speed_requests": 4,
+    "dev_requests": 4,
+    "gsm8k_max_new_tokens": 64,
+    "natural_max_new_tokens": 64,
+    "fixed_new_tokens": 64,
+    "heldout_max_output_len": 64,
+    "max_batch_size": 8,  # KV cache = batch x context: keep it small on a CPU
+    "max_seq_len": 2048,
+    "cpu_threads": 1,  # stable CPU timings on a shared machine (see cpu_threads)
+}
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class PostValConfig(BaseModel):
+    """One post-validation run: a retained engine against vanilla E0, same model, same process layout."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine_dir: Path  # the engine under test (a directory holding package `engine`)
+    model: str  # registry name or HF model directory (seis.models.resolve_model)
+    out_dir: Path = Path("runs/postval")
+    vanilla_dir: Path = ENGINE_TEMPLATE  # the reference: E0
+    prepared_dir: Path | None = None  # default: data/prepared
+
+    # Engine options (the only ones the contract lets the evaluator set); identical for both engines.
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int = Field(32, ge=1)
+    max_seq_len: int | None = Field(None, ge=16)  # default: the model's own context (retrieval needs it)
+    # Intra-op threads of each engine process (OMP_NUM_THREADS). On a shared CPU, 1 keeps timings stable:
+    # multi-threaded decode steps stall whenever another process holds one of the cores.
+    cpu_threads: int | None = Field(None, ge=1)
+
+    # Sizes: 0 skips that measurement.
+    gsm8k_items: int = Field(660, ge=0)
+    retrieval_items: int = Field(270, ge=0)
+    speed_requests: int = Field(100, ge=0)
+    dev_requests: int = Field(64, ge=0)
+    heldout: bool = True
+    heldout_max_output_len: int | None = Field(None, ge=1)  # drop held-out shapes with longer outputs
+    reps: int = Field(3, ge=1, le=100)
+
+    # Token budgets; None takes the prepared workloads' own values (manifest params).
+    gsm8k_max_new_tokens: int | None = Field(None, ge=1)
+    natural_max_new_tokens: int | None = Field(None, ge=1)
+    fixed_new_tokens: int | None = Field(None, ge=1)
+    retrieval_max_new_tokens: int | None = Field(None, ge=1)
+
+    bandwidth_gbs: float | None = Field(None, gt=0)  # None: measure a large copy on the run's device
+    flag_points: float = Field(3.0, gt=0)  # accuracy differences beyond +-this many points are flagged
+    reported_dev_speedup: float | None = Field(None, gt=0)  # the gate's dev speedup, shown next to ours
+    timeout_s: float = Field(3600.0, gt=0)  # per engine call (a 660-item batch on a CPU is slow)
+    figures: bool = True
+    quick: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_quick(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("quick"):
+            data = {**QUICK, **{k: v for k, v in data.items() if v is not None or k not in QUICK}}
+        return data
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, v: str) -> str:
+        if not _DEVICE.match(v):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {v!r}")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("model name is empty")
+        return v
+
+    def engine_env(self) -> dict[str, str] | None:
+        if self.cpu_threads is None:
+            return None
+        n = str(self.cpu_threads)
+        return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+
+    def engine_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"device": self.device, "dtype": self.dtype, "max_batch_size": self.max_batch_size,
+                                "use_cuda_graphs": True, "seed": 0}
+        if self.max_seq_len is not None:
+            opts["max_seq_len"] = self.max_seq_len
+        return opts
+
+
+def make_config(**values: Any) -> PostValConfig:
+    """PostValConfig from keyword values, turning pydantic's errors into one readable PostValError."""
+    try:
+        return PostValConfig(**values)
+    except ValidationError as exc:
+        raise PostValError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(x) for x in err["loc"]) or "config"
+        flag = "--" + field.replace("_", "-")
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{field} ({flag}): {msg}, got {err.get('input')!r}")
+    return "invalid post-validation settings: " + "; ".join(parts)

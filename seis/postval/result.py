@@ -1,0 +1,152 @@
+"""The post-validation result: pydantic models, written as postval.json."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .config import PostValConfig
+
+EngineName = Literal["candidate", "vanilla"]
+ENGINES: tuple[EngineName, EngineName] = ("candidate", "vanilla")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ItemOutcome(_Model):
+    """One prompt of an accuracy task answered by one engine."""
+    task: Literal["gsm8k", "retrieval"]
+    id: str
+    engine: EngineName
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+    output_sha: str  # sha256[:16] of the output token ids: determinism checks without storing every id
+    text: str
+    extracted: str | None  # GSM8K: the extracted number; retrieval: None
+    gold: str
+    correct: bool
+    bucket: int | None = None  # retrieval length bucket
+    target_tokens: int | None = None
+
+
+class AccuracySummary(_Model):
+    task: str
+    items: int  # scored items (after skipping)
+    skipped: int  # prompts longer than the context
+    candidate_acc: float | None  # percent
+    vanilla_acc: float | None
+    delta_points: float | None  # candidate - vanilla, percentage points
+    candidate_only: int  # right only with the candidate (discordant pairs)
+    vanilla_only: int
+    identical_outputs: int  # items where both engines wrote exactly the same tokens
+    flagged: bool  # |delta| beyond the flag threshold
+
+
+class BucketAccuracy(_Model):
+    bucket: int
+    target_tokens: int
+    items: int
+    skipped: int
+    candidate_acc: float | None
+    vanilla_acc: float | None
+
+
+class Spread(_Model):
+    """Median of repetitions with min and max (the values themselves kept for audits)."""
+    median: float
+    min: float
+    max: float
+    values: list[float]
+
+
+class LatencyStats(_Model):
+    n: int
+    mean: float
+    median: float
+    p10: float
+    p25: float
+    p75: float
+    p90: float
+
+
+class LengthStats(_Model):
+    n: int
+    mean: float
+    median: float
+    min: int
+    max: int
+    p10: float
+    p90: float
+    capped_frac: float  # finish_reason == "length"
+
+
+class SpeedMeasure(_Model):
+    engine: EngineName
+    tok_per_s: Spread
+    wall_s: Spread
+    tokens: list[int]  # generated tokens per repetition
+    deterministic: bool  # every repetition produced the same token ids
+    output_lengths: LengthStats
+    latency: LatencyStats | None = None  # single-request mode: per-request latency (median over reps), s
+    mean_context: float | None = None  # token-weighted mean context during decode
+    bound_tok_per_s: float | None = None  # bandwidth bound, single-request rows only
+    energy_j_per_token: Spread | None = None
+    request_new_tokens: list[int] = []  # single-request mode: per request (first repetition)
+    request_latency_s: list[float] = []  # single-request mode: per request, median over repetitions
+
+
+class SpeedComparison(_Model):
+    workload: str  # "natural-256", "fixed-256", "dev-natural", "heldout-p512-o64", ...
+    kind: Literal["test", "dev", "heldout"]
+    mode: Literal["single", "batch"]
+    requests: int
+    max_new_tokens: int
+    ignore_eos: bool
+    prompt_len_mean: float
+    candidate: SpeedMeasure
+    vanilla: SpeedMeasure
+    speedup: Spread  # per-repetition candidate/vanilla throughput ratio (repetitions are paired)
+
+
+class BandwidthInfo(_Model):
+    bytes_per_s: float
+    source: str  # "configured", "measured cpu copy", "measured cuda device-to-device copy"
+    weight_bytes: dict[str, int]  # per engine, at its run dtype
+    kv_bytes_per_token: dict[str, int]  # per engine: K+V bytes of one context token over all layers
+    dtype: dict[str, str]
+
+
+class EngineInfo(_Model):
+    engine_dir: str
+    stats: dict
+
+
+class PostValResult(_Model):
+    config: PostValConfig
+    model_dir: str
+    started_at: str
+    wall_s: float
+    context_tokens: int  # what both engines can serve (min of their max_seq_len)
+    engines: dict[str, EngineInfo]
+    device: str
+    accuracy: list[AccuracySummary]
+    retrieval_buckets: list[BucketAccuracy]
+    speed: list[SpeedComparison]  # natural-length and fixed on GSM8K test prompts, single + batch
+    workloads: list[SpeedComparison]  # dev workloads and held-out shapes, single request
+    bandwidth: BandwidthInfo | None
+    energy_available: bool
+    energy_note: str
+    flags: list[str]  # human-readable accuracy flags
+    notes: list[str]  # skips, remapped ids, anything a reader must know
+    items: list[ItemOutcome]
+    files: dict[str, str] = {}
+
+    @property
+    def accuracy_flagged(self) -> bool:
+        return any(a.flagged for a in self.accuracy)
+
+    def accuracy_of(self, task: str) -> AccuracySummary | None:
+        return next((a for a in self.accuracy if a.task == task), None)

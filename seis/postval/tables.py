@@ -1,0 +1,196 @@
+"""Tables of a post-validation result: pandas DataFrames saved as parquet, and markdown for humans.
+
+Every table carries the accuracy verdict (an `accuracy_flag` column in parquet, a status line in markdown),
+so a speed number is never read without knowing whether the engine still answers like vanilla.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .result import PostValResult, SpeedComparison, Spread
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+FLAG = "⚠"
+
+
+def fmt_spread(s: Spread | None, digits: int = 1) -> str:
+    if s is None:
+        return "–"
+    return f"{s.median:.{digits}f} ({s.min:.{digits}f}–{s.max:.{digits}f})"
+
+
+def _num(v: float | None, digits: int = 1, signed: bool = False) -> str:
+    if v is None:
+        return "–"
+    return f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
+
+
+def accuracy_status(result: PostValResult) -> str:
+    """One line: every accuracy delta, and whether any is outside the flag threshold."""
+    t = result.config.flag_points
+    parts = [f"{a.task} {_num(a.delta_points, 1, True)} pts" for a in result.accuracy]
+    body = ", ".join(parts) if parts else "not measured"
+    if result.accuracy_flagged:
+        return f"{FLAG} **Accuracy differs from vanilla beyond ±{t:g} points** ({body})."
+    return f"Accuracy vs vanilla within ±{t:g} points ({body})."
+
+
+# ---- DataFrames (parquet: plain numbers) ---------------------------------------------------------------------
+
+def accuracy_frame(result: PostValResult) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = [{**a.model_dump(), "flag_points": result.config.flag_points} for a in result.accuracy]
+    cols = ["task", "items", "skipped", "vanilla_acc", "candidate_acc", "delta_points", "candidate_only",
+            "vanilla_only", "identical_outputs", "flagged", "flag_points"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _speed_row(c: SpeedComparison, flagged: bool) -> dict:
+    row = {"workload": c.workload, "kind": c.kind, "mode": c.mode, "requests": c.requests,
+           "prompt_len_mean": c.prompt_len_mean, "max_new_tokens": c.max_new_tokens, "ignore_eos": c.ignore_eos}
+    for name, m in (("vanilla", c.vanilla), ("candidate", c.candidate)):
+        row |= {f"{name}_tok_s": m.tok_per_s.median, f"{name}_tok_s_min": m.tok_per_s.min,
+                f"{name}_tok_s_max": m.tok_per_s.max, f"{name}_bound_tok_s": m.bound_tok_per_s,
+                f"{name}_out_tokens_mean": m.output_lengths.mean,
+                f"{name}_j_per_token": m.energy_j_per_token.median if m.energy_j_per_token else None,
+                f"{name}_deterministic": m.deterministic}
+    row |= {"speedup": c.speedup.median, "speedup_min": c.speedup.min, "speedup_max": c.speedup.max,
+            "accuracy_flag": flagged}
+    return row
+
+
+def speed_frame(result: PostValResult) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame([_speed_row(c, result.accuracy_flagged) for c in result.speed])
+
+
+def workload_frame(result: PostValResult) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = [_speed_row(c, result.accuracy_flagged) for c in result.workloads]
+    if result.config.reported_dev_speedup is not None:
+        s = result.config.reported_dev_speedup
+        rows.append({"workload": "dev (gate-reported)", "kind": "dev", "mode": "single", "speedup": s,
+                     "speedup_min": s, "speedup_max": s, "accuracy_flag": result.accuracy_flagged})
+    return pd.DataFrame(rows)
+
+
+def latency_frame(result: PostValResult) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = []
+    for c in result.speed:
+        if c.mode != "single":
+            continue
+        for m in (c.vanilla, c.candidate):
+            lat, ol = m.latency, m.output_lengths
+            rows.append({"workload": c.workload, "engine": m.engine, "requests": c.requests,
+                         "latency_mean_s": lat.mean, "latency_median_s": lat.median,
+                         "latency_p25_s": lat.p25, "latency_p75_s": lat.p75,
+                         "latency_p10_s": lat.p10, "latency_p90_s": lat.p90,
+                         "out_tokens_mean": ol.mean, "out_tokens_median": ol.median, "out_tokens_p10": ol.p10,
+                         "out_tokens_p90": ol.p90, "out_tokens_min": ol.min, "out_tokens_max": ol.max,
+                         "length_capped_frac": ol.capped_frac, "accuracy_flag": result.accuracy_flagged})
+    return pd.DataFrame(rows)
+
+
+# ---- markdown ------------------------------------------------------------------------------------------------
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    def cell(x: object) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def accuracy_markdown(result: PostValResult) -> str:
+    t = result.config.flag_points
+    header = ["task", "items", "skipped (too long)", "vanilla %", "candidate %", "Δ points", "only candidate right",
+              "only vanilla right", "identical outputs", "flag"]
+    rows = [[a.task, a.items, a.skipped, _num(a.vanilla_acc), _num(a.candidate_acc), _num(a.delta_points, 1, True),
+             a.candidate_only, a.vanilla_only, a.identical_outputs, f"{FLAG} outside ±{t:g}" if a.flagged else ""]
+            for a in result.accuracy]
+    out = [f"# Accuracy vs vanilla E0 (context {result.context_tokens} tokens)", "", accuracy_status(result), "",
+           markdown_table(header, rows)]
+    if result.retrieval_buckets:
+        b_rows = [[b.bucket, b.target_tokens, b.items, b.skipped, _num(b.vanilla_acc), _num(b.candidate_acc)]
+                  for b in result.retrieval_buckets]
+        out += ["", "## Retrieval by context length", "",
+                markdown_table(["bucket", "~tokens", "items", "skipped", "vanilla %", "candidate %"], b_rows)]
+    return "\n".join(out) + "\n"
+
+
+def _speed_md_rows(comps: list[SpeedComparison]) -> list[list[str]]:
+    rows = []
+    for c in comps:
+        v, a = c.vanilla, c.candidate
+        bound = "–" if v.bound_tok_per_s is None else f"{v.bound_tok_per_s:.1f} / {a.bound_tok_per_s:.1f}"
+        energy = ("–" if v.energy_j_per_token is None or a.energy_j_per_token is None else
+                  f"{v.energy_j_per_token.median:.3g} / {a.energy_j_per_token.median:.3g}")
+        det = "yes" if v.deterministic and a.deterministic else f"{FLAG} no"
+        rows.append([c.workload, c.mode, c.requests, f"{c.prompt_len_mean:.0f}",
+                     f"{v.output_lengths.mean:.0f} / {a.output_lengths.mean:.0f}", fmt_spread(v.tok_per_s),
+                     fmt_spread(a.tok_per_s), fmt_spread(c.speedup, 2), bound, energy, det])
+    return rows
+
+
+SPEED_HEADER = ["workload", "mode", "requests", "prompt tokens (mean)", "new tokens (mean, v / c)",
+                "vanilla tok/s", "candidate tok/s", "speedup", "bound tok/s (v / c)", "J/token (v / c)",
+                "deterministic"]
+
+
+def speed_markdown(result: PostValResult) -> str:
+    n = result.config.reps
+    out = [f"# Throughput vs vanilla E0: median (min–max) of {n} interleaved repetitions", "",
+           accuracy_status(result), "",
+           "single = one request at a time (latency); batch = all requests in one generate call (throughput). "
+           "Prefill included. Bound = memory-bandwidth bound for single-request decode.", "",
+           markdown_table(SPEED_HEADER, _speed_md_rows(result.speed))]
+    return "\n".join(out) + "\n"
+
+
+def workload_markdown(result: PostValResult) -> str:
+    rows = _speed_md_rows(result.workloads)
+    if result.config.reported_dev_speedup is not None:
+        rows.append(["dev (gate-reported)", "single", "", "", "", "", "", f"{result.config.reported_dev_speedup:.2f}",
+                     "", "", ""])
+    out = ["# Workload dependence: dev workloads next to held-out shapes (single request)", "",
+           accuracy_status(result), "", markdown_table(SPEED_HEADER, rows)]
+    return "\n".join(out) + "\n"
+
+
+def latency_markdown(result: PostValResult) -> str:
+    header = ["workload", "engine", "requests", "mean s", "median s", "25–75 % s", "10–90 % s", "new tokens mean",
+              "median", "10–90 %", "min–max", "hit max %"]
+    rows = []
+    for _, r in latency_frame(result).iterrows():
+        rows.append([r.workload, r.engine, r.requests, f"{r.latency_mean_s:.3f}", f"{r.latency_median_s:.3f}",
+                     f"{r.latency_p25_s:.3f}–{r.latency_p75_s:.3f}", f"{r.latency_p10_s:.3f}–{r.latency_p90_s:.3f}",
+                     f"{r.out_tokens_mean:.1f}", f"{r.out_tokens_median:.0f}",
+                     f"{r.out_tokens_p10:.0f}–{r.out_tokens_p90:.0f}", f"{r.out_tokens_min}–{r.out_tokens_max}",
+                     f"{100 * r.length_capped_frac:.0f}"])
+    out = ["# Single-request latency (per request, median over repetitions) and output lengths", "",
+           accuracy_status(result), "", markdown_table(header, rows)]
+    return "\n".join(out) + "\n"
+
+
+def write_tables(result: PostValResult, out_dir: str | Path) -> dict[str, str]:
+    """accuracy / speed / latency / workload as .md and .parquet; returns name -> path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str] = {}
+    for name, frame, md in (("accuracy", accuracy_frame, accuracy_markdown), ("speed", speed_frame, speed_markdown),
+                            ("latency", latency_frame, latency_markdown),
+                            ("workload", workload_frame, workload_markdown)):
+        (out / f"{name}.md").write_text(md(result), encoding="utf-8")
+        frame(result).to_parquet(out / f"{name}.parquet", index=False)
+        files[f"{name}.md"] = str(out / f"{name}.md")
+        files[f"{name}.parquet"] = str(out / f"{name}.parquet")
+    return files

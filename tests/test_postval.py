@@ -1,0 +1,349 @@
+"""Post-validation: scoring, deltas and flags, statistics, the bound, E0 vs a copy of E0, determinism, files, CLI."""
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seis.engine_import import ENGINE_TEMPLATE
+from seis.postval import PostValError, PostValResult, make_config, plot_chain_speedups, run_post_validation
+from seis.postval.accuracy import (
+    Output,
+    flag_delta,
+    retrieval_subset,
+    score_gsm8k,
+    score_retrieval_items,
+    summarize_accuracy,
+)
+from seis.postval.bandwidth import (
+    bound_tok_per_s,
+    kv_bytes_per_token,
+    mean_decode_context,
+    safetensors_numels,
+    weight_bytes_per_token,
+)
+from seis.postval.result import ItemOutcome
+from seis.postval.speed import latency_stats, percentile, spread
+from seis.postval.tables import accuracy_markdown, speed_markdown, write_tables
+from seis.workloads import (
+    DEFAULT_PREPARED_DIR,
+    GSM8KItem,
+    extract_answer,
+    is_correct,
+    load_retrieval,
+    prepare_all,
+    score_retrieval,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+
+
+# ---- fixtures ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def prepared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """data/prepared when it is there, else the workloads prepared into a temporary directory."""
+    if (DEFAULT_PREPARED_DIR / "manifest.json").is_file():
+        return DEFAULT_PREPARED_DIR
+    if not GSM8K_DIR.is_dir():
+        pytest.skip(f"no prepared workloads and no GSM8K source at {GSM8K_DIR}")
+    out = tmp_path_factory.mktemp("prepared")
+    prepare_all(out, gsm8k_dir=GSM8K_DIR)
+    return out
+
+
+@pytest.fixture(scope="session")
+def e0_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte copy of E0 in another directory: a 'retained engine' that must judge exactly like vanilla."""
+    dest = tmp_path_factory.mktemp("candidate") / "engine_copy"
+    shutil.copytree(ENGINE_TEMPLATE, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+TINY = dict(model="tiny-qwen3", device="cpu", cpu_threads=1, gsm8k_items=6, retrieval_items=3, speed_requests=2,
+            dev_requests=1, reps=2, gsm8k_max_new_tokens=24, natural_max_new_tokens=16, fixed_new_tokens=16,
+            heldout_max_output_len=64, max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory, prepared_dir, e0_copy) -> tuple[PostValResult, PostValResult]:
+    """Two full runs of a copy of E0 against E0 on tiny-qwen3 (the first measures bandwidth, the second
+    takes a configured one)."""
+    out1, out2 = tmp_path_factory.mktemp("run1"), tmp_path_factory.mktemp("run2")
+    r1 = run_post_validation(make_config(engine_dir=e0_copy, out_dir=out1, prepared_dir=prepared_dir, **TINY))
+    r2 = run_post_validation(make_config(engine_dir=e0_copy, out_dir=out2, prepared_dir=prepared_dir,
+                                         bandwidth_gbs=10.0, **TINY))
+    return r1, r2
+
+
+# ---- scoring, deltas, flags ----------------------------------------------------------------------------------
+
+def _gsm(i: int, answer: str) -> GSM8KItem:
+    return GSM8KItem(id=f"gsm8k-{i:012d}", index=i, split="test", question=f"q{i}", answer=answer)
+
+
+def test_gsm8k_scoring_uses_the_workload_extraction():
+    items = [_gsm(0, "18"), _gsm(1, "1000"), _gsm(2, "5"), _gsm(3, "7")]
+    texts = ["She sells 9 eggs, 9 * 2 = 18.\n#### 18", "The total is $1,000.", "#### 6", "no number at all"]
+    outs = [Output([1, 2, 3], "stop", t) for t in texts]
+    scored = score_gsm8k("candidate", items, [[1]] * 4, outs)
+    assert [o.extracted for o in scored] == [extract_answer(t) for t in texts] == ["18", "1000", "6", None]
+    assert [o.correct for o in scored] == [is_correct(t, it.answer) for t, it in zip(texts, items, strict=True)]
+    assert [o.correct for o in scored] == [True, True, False, False]
+    assert all(o.task == "gsm8k" and o.output_tokens == 3 for o in scored)
+
+
+def test_retrieval_scoring_and_subset_covers_buckets_and_depths(prepared_dir):
+    items = load_retrieval(prepared_dir)
+    sub = retrieval_subset(items, 9)
+    assert len({it.bucket for it in sub}) == 9 and len({it.depth for it in sub}) == 5
+    assert sorted(it.id for it in retrieval_subset(items, len(items))) == sorted(it.id for it in items)
+    it = sub[0]
+    outs = [Output([5], "stop", f"The pass code is {it.value[:3]},{it.value[3:]}."), Output([5], "stop", "123")]
+    scored = score_retrieval_items("vanilla", [it, it], [[1], [1]], outs)
+    assert [o.correct for o in scored] == [score_retrieval(o.text, it) for o in outs] == [True, False]
+    assert scored[0].bucket == it.bucket and scored[0].target_tokens == it.target_tokens
+
+
+def _outcomes(n: int, cand_right: int, van_right: int) -> list[ItemOutcome]:
+    def one(engine, i, ok):
+        return ItemOutcome(task="gsm8k", id=f"i{i:03d}", engine=engine, prompt_tokens=1, output_tokens=1,
+                           finish_reason="stop", output_sha="x" if ok else "y", text="", extracted=None, gold="1",
+                           correct=ok)
+    return ([one("candidate", i, i < cand_right) for i in range(n)] +
+            [one("vanilla", i, i < van_right) for i in range(n)])
+
+
+@pytest.mark.parametrize("cand, van, delta, flagged", [
+    (50, 50, 0.0, False), (53, 50, 3.0, False), (47, 50, -3.0, False), (54, 50, 4.0, True), (46, 50, -4.0, True),
+])
+def test_accuracy_delta_in_points_and_three_point_flag(cand, van, delta, flagged):
+    s = summarize_accuracy("gsm8k", _outcomes(100, cand, van), skipped=2)
+    assert s.candidate_acc == cand and s.vanilla_acc == van and s.items == 100 and s.skipped == 2
+    assert s.delta_points == pytest.approx(delta) and s.flagged is flagged
+    assert s.candidate_only == max(cand - van, 0) and s.vanilla_only == max(van - cand, 0)
+    assert s.identical_outputs == 100 - abs(cand - van)
+
+
+def test_flag_threshold_is_strict_and_configurable():
+    assert not flag_delta(None) and not flag_delta(3.0) and flag_delta(3.01) and flag_delta(-3.5)
+    assert not flag_delta(4.0, threshold=5.0)
+
+
+def test_no_items_gives_no_accuracy_and_no_flag():
+    s = summarize_accuracy("retrieval", [], skipped=9)
+    assert s.items == 0 and s.delta_points is None and not s.flagged and s.skipped == 9
+
+
+# ---- statistics and the bound --------------------------------------------------------------------------------
+
+def test_latency_percentiles_on_known_numbers():
+    values = [float(v) for v in range(1, 11)]  # 1..10
+    s = latency_stats(values)
+    assert (s.n, s.mean, s.median) == (10, 5.5, 5.5)
+    assert (s.p10, s.p25, s.p75, s.p90) == pytest.approx((1.9, 3.25, 7.75, 9.1))
+    assert percentile([4.0], 90) == 4.0 and percentile([0.0, 10.0], 50) == 5.0
+    sp = spread([3.0, 1.0, 2.0])
+    assert (sp.median, sp.min, sp.max) == (2.0, 1.0, 3.0)
+
+
+def test_weight_and_kv_bytes_follow_the_safetensors_and_config():
+    from seis.models import resolve_model
+
+    for name in ("tiny-qwen3", "tiny-llama"):
+        d = resolve_model(name)
+        cfg = json.loads((d / "config.json").read_text())
+        numels = safetensors_numels(d)
+        total = sum(numels.values())
+        embed = next(n for k, n in numels.items() if k.endswith("embed_tokens.weight"))
+        expected = total if cfg["tie_word_embeddings"] else total - embed  # untied input table: one row read
+        assert weight_bytes_per_token(d, "float32") == 4 * expected
+        assert weight_bytes_per_token(d, "bfloat16") == 2 * expected
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        assert kv_bytes_per_token(d, "float32") == 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * hd * 4
+
+
+def test_mean_context_and_bound():
+    # One request, prompt 10, 4 new tokens: decode contexts 10, 11, 12, 13 -> mean 11.5.
+    assert mean_decode_context([10], [4]) == 11.5
+    assert mean_decode_context([10, 100], [2, 0]) == 10.5
+    assert bound_tok_per_s(1000.0, 80, 2, 10.0) == 10.0
+
+
+# ---- full runs on tiny-qwen3 ---------------------------------------------------------------------------------
+
+def test_e0_copy_against_vanilla_has_zero_delta_and_speedup_near_one(tiny_runs):
+    r, _ = tiny_runs
+    gsm = r.accuracy_of("gsm8k")
+    assert gsm.items + gsm.skipped == TINY["gsm8k_items"] and gsm.items > 0
+    assert gsm.delta_points == 0.0 and not gsm.flagged and gsm.identical_outputs == gsm.items
+    assert not r.flags and not r.accuracy_flagged
+    # tiny-qwen3's context (512) is shorter than every retrieval prompt: all skipped, and said so.
+    ret = r.accuracy_of("retrieval")
+    assert ret.items == 0 and ret.skipped == TINY["retrieval_items"]
+    assert any("retrieval" in n and "skipped" in n for n in r.notes)
+    assert [(c.workload, c.mode) for c in r.speed] == [
+        ("natural-16", "single"), ("natural-16", "batch"), ("fixed-16", "single"), ("fixed-16", "batch")]
+    assert [c.workload for c in r.workloads] == ["dev-natural", "dev-fixed16", "heldout-p32-o64"]
+    for c in r.speed + r.workloads:
+        assert c.requests >= 1 and len(c.speedup.values) == TINY["reps"]
+        assert 0.2 < c.speedup.median < 5  # same engine twice: timing noise only, never asserted tightly
+        assert c.candidate.tokens == c.vanilla.tokens  # same greedy outputs, same token counts
+        assert c.candidate.deterministic and c.vanilla.deterministic
+        if c.mode == "single":
+            lat = c.vanilla.latency
+            assert lat.p10 <= lat.p25 <= lat.median <= lat.p75 <= lat.p90
+            assert c.vanilla.bound_tok_per_s > 0 and c.vanilla.mean_context > 0
+            assert len(c.vanilla.request_latency_s) == c.requests
+        else:
+            assert c.vanilla.latency is None and c.vanilla.bound_tok_per_s is None
+    fixed = next(c for c in r.speed if c.workload == "fixed-16")
+    assert fixed.ignore_eos and fixed.vanilla.output_lengths.min == 16
+    assert r.bandwidth.source.startswith("measured") and r.bandwidth.bytes_per_s > 0
+    assert not r.energy_available and "unavailable" in r.energy_note
+    assert r.context_tokens == 512 and r.device == "cpu"
+
+
+def test_two_runs_give_the_same_outputs(tiny_runs):
+    r1, r2 = tiny_runs
+    key = lambda r: [(i.task, i.id, i.engine, i.output_sha, i.text, i.correct) for i in r.items]  # noqa: E731
+    assert key(r1) == key(r2) and r1.items
+    for a, b in zip(r1.speed + r1.workloads, r2.speed + r2.workloads, strict=True):
+        assert (a.workload, a.mode, a.vanilla.tokens, a.candidate.tokens) == (b.workload, b.mode, b.vanilla.tokens,
+                                                                              b.candidate.tokens)
+    assert r2.bandwidth.source == "configured" and r2.bandwidth.bytes_per_s == 10e9
+
+
+def test_tables_figures_and_json_are_written(tiny_runs):
+    import pandas as pd
+
+    r, _ = tiny_runs
+    out = Path(r.config.out_dir)
+    for name in ("accuracy", "speed", "latency", "workload"):
+        md = (out / f"{name}.md").read_text()
+        assert md.startswith("# ") and "| " in md and "Accuracy vs vanilla within ±3 points" in md
+        df = pd.read_parquet(out / f"{name}.parquet")
+        assert len(df) > 0
+        assert ("flagged" if name == "accuracy" else "accuracy_flag") in df.columns
+    for name in ("throughput", "latency", "accuracy", "workload"):
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    items = pd.read_parquet(out / "items.parquet")
+    assert len(items) == len(r.items) and set(items["engine"]) == {"candidate", "vanilla"}
+    back = PostValResult.model_validate_json((out / "postval.json").read_text())
+    assert back.accuracy == r.accuracy and back.speed == r.speed and set(back.files) >= {"speed.md", "postval.json"}
+    speed = pd.read_parquet(out / "speed.parquet")
+    want = {"vanilla_tok_s", "candidate_tok_s_min", "speedup", "speedup_max", "vanilla_bound_tok_s"}
+    assert want <= set(speed.columns)
+
+
+def test_flagged_accuracy_shows_in_every_table(tiny_runs, tmp_path):
+    r, _ = tiny_runs
+    gsm = r.accuracy_of("gsm8k").model_copy(update={"candidate_acc": 10.0, "vanilla_acc": 50.0,
+                                                    "delta_points": -40.0, "flagged": True})
+    bad = r.model_copy(update={"accuracy": [gsm]})
+    assert "⚠ outside ±3" in accuracy_markdown(bad) and "⚠" in speed_markdown(bad)
+    write_tables(bad, tmp_path)
+    import pandas as pd
+
+    for name in ("speed", "latency", "workload"):
+        assert "⚠ **Accuracy differs" in (tmp_path / f"{name}.md").read_text()
+        assert pd.read_parquet(tmp_path / f"{name}.parquet")["accuracy_flag"].all()
+
+
+def test_plot_chain_speedups_on_a_synthetic_summary(tmp_path):
+    import pandas as pd
+
+    df = pd.DataFrame({
+        "chain": ["a", "a", "a", "b", "b", "b"],
+        "session": [1, 2, 3, 1, 2, 3],
+        "retained": [True, False, True, True, True, False],
+        "dev_speedup_vs_vanilla": [1.1, 0.9, 1.4, 1.05, 1.5, 1.2],
+        "synced_from": [None, None, "b/2", None, "a", None],
+    })
+    path = plot_chain_speedups(df, tmp_path / "chains.png")
+    assert Path(path).read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="synced_from"):
+        plot_chain_speedups(df.drop(columns=["synced_from"]), tmp_path / "x.png")
+
+
+# ---- bad input ------------------------------------------------------------------------------------------------
+
+def test_library_rejects_bad_input_before_any_work(tmp_path, prepared_dir):
+    with pytest.raises(PostValError, match="reps"):
+        make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", reps=0)
+    with pytest.raises(PostValError, match="device"):
+        make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="tpu")
+    with pytest.raises(PostValError, match="does not exist"):
+        run_post_validation(make_config(engine_dir=tmp_path / "nope", model="tiny-qwen3", out_dir=tmp_path / "o"))
+    with pytest.raises(PostValError, match="max-batch-size"):  # two KV caches larger than any RAM
+        run_post_validation(make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="cpu",
+                                        max_batch_size=10**9, out_dir=tmp_path / "o", prepared_dir=prepared_dir))
+    with pytest.raises(PostValError, match="prepared"):
+        run_post_validation(make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="cpu",
+                                        out_dir=tmp_path / "o", prepared_dir=tmp_path / "empty"))
+    assert not (tmp_path / "o").exists()  # nothing was written
+
+
+def seis(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "seis.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "/no/such/engine", "--model", "tiny-qwen3"], "does not exist"),
+    (["--engine", str(ENGINE_TEMPLATE), "--model", "no-such-model"], "no-such-model"),
+    (["--engine", str(ENGINE_TEMPLATE), "--model", "tiny-qwen3", "--gsm8k-items", "-1"], "--gsm8k-items"),
+    (["--engine", str(ENGINE_TEMPLATE), "--model", "tiny-qwen3", "--reps", "0"], "--reps"),
+    (["--engine", str(ENGINE_TEMPLATE), "--model", "tiny-qwen3", "--retrieval-items", "100000"], "270"),
+    (["--engine", str(ENGINE_TEMPLATE), "--model", "tiny-qwen3", "--device", "gpu"], "device"),
+    (["--model", "tiny-qwen3"], "exactly one of --engine"),
+    (["--engine", str(ENGINE_TEMPLATE), "--snapshot", "abc", "--model", "tiny-qwen3"], "exactly one of --engine"),
+    (["--snapshot", "0123456789abcdef", "--model", "tiny-qwen3", "--store-root", "/no/such/store"], "snapshot"),
+])
+def test_cli_bad_input_exits_2_with_a_clear_message(args, message, tmp_path, prepared_dir):
+    out = seis("post-validate", "--out", str(tmp_path / "out"), "--prepared-dir", str(prepared_dir), *args)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_quick_run_on_tiny_qwen3(tmp_path, e0_copy, prepared_dir):
+    out = seis("post-validate", "--engine", str(e0_copy), "--model", "tiny-qwen3", "--quick", "--device", "cpu",
+               "--cpu-threads", "1", "--out", str(tmp_path / "pv"), "--prepared-dir", str(prepared_dir),
+               "--gsm8k-items", "4", "--speed-requests", "2", "--dev-requests", "0", "--reps", "2",
+               "--bandwidth-gbs", "10")
+    assert out.returncode == 0, out.stderr
+    assert "# Accuracy vs vanilla" in out.stdout and "# Throughput vs vanilla" in out.stdout
+    result = PostValResult.model_validate_json((tmp_path / "pv" / "postval.json").read_text())
+    assert result.config.quick and result.config.gsm8k_items == 4 and result.config.retrieval_items == 9
+    assert result.accuracy_of("gsm8k").delta_points == 0.0
+
+
+# ---- real weights ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_smollm2_gsm8k_and_retrieval_e0_copy(tmp_path, e0_copy, prepared_dir):
+    """Real outputs: extraction and scoring agree with the workload functions; the copy of E0 matches E0."""
+    r = run_post_validation(make_config(
+        engine_dir=e0_copy, model="smollm2-135m-instruct", out_dir=tmp_path, prepared_dir=prepared_dir,
+        device="cpu", cpu_threads=1, gsm8k_items=2, gsm8k_max_new_tokens=64, retrieval_items=2,
+        speed_requests=0, dev_requests=0, heldout=False, max_seq_len=1024, max_batch_size=4, figures=False))
+    gsm, ret = r.accuracy_of("gsm8k"), r.accuracy_of("retrieval")
+    assert (gsm.items, gsm.skipped, ret.items, ret.skipped) == (2, 0, 2, 0)
+    assert gsm.delta_points == 0.0 and ret.delta_points == 0.0 and gsm.identical_outputs == 2
+    for it in r.items:
+        assert it.text.strip() and it.output_tokens > 0
+        if it.task == "gsm8k":
+            assert it.extracted == extract_answer(it.text) and it.correct == is_correct(it.text, it.gold)
+        else:
+            assert it.correct == score_retrieval(it.text, it.gold)
+    # SmolLM2 finds a pass code in a ~300-token document: the prompt, template and decoding are right.
+    assert ret.vanilla_acc >= 50.0
+    assert r.speed == [] and r.workloads == [] and r.bandwidth is None
+    assert statistics.fmean(i.prompt_tokens for i in r.items if i.task == "gsm8k") > 50
