@@ -71,5 +71,132 @@ def generate(
     typer.echo(tokenizer.decode(out["token_ids"], skip_special_tokens=True))
 
 
+@app.command()
+def gate(
+    candidate: Path = typer.Option(..., help="Engine directory to judge (holds the package engine/)."),
+    model: str = typer.Option(..., help="Model name (seis models list) or a local HF dir."),
+    reference: Optional[Path] = typer.Option(None, help="Reference engine (default: the vanilla E0)."),
+    parent: Optional[Path] = typer.Option(None, help="Parent engine, measured for the speed ratio."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full GateResult JSON here."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    quick: bool = typer.Option(False, help="Few prompts, short outputs: a fast look, not a verdict to keep."),
+    prepared_dir: Optional[Path] = typer.Option(None, help="Prepared workloads (default: data/prepared)."),
+) -> None:
+    """Judge a candidate engine against the reference: correctness checks (dev and held-out), dev speed, verdict.
+    Exit 0 pass, 1 fail, 2 bad input."""
+    from .evaluator import GateConfig, GateInputError, ReferenceFailure, render_gate, run_gate
+
+    if device not in ("auto", "cpu", "cuda"):
+        _fail(f"--device must be auto, cpu or cuda, got {device!r}")
+    if json_out is not None and not json_out.parent.is_dir():
+        _fail(f"--json: directory {json_out.parent} does not exist")
+    values = {"candidate": candidate, "model": model, "parent": parent, "device": device,
+              "prepared_dir": prepared_dir}
+    if reference is not None:
+        values["reference"] = reference
+    config = GateConfig.quick(**values) if quick else GateConfig(**values)
+    try:
+        result = run_gate(config)
+    except GateInputError as e:
+        _fail(str(e))
+    except ReferenceFailure as e:
+        _fail(f"the reference engine failed, so no verdict was reached: {e}")
+    if json_out is not None:
+        json_out.write_text(result.model_dump_json(indent=2) + "\n")
+    typer.echo(render_gate(result))
+    raise typer.Exit(0 if result.verdict == "pass" else 1)
+
+
+@app.command("post-validate")
+def post_validate(
+    engine: Optional[Path] = typer.Option(None, "--engine", help="Engine dir to judge (holds package `engine`)."),
+    snapshot: Optional[str] = typer.Option(None, "--snapshot", help="Snapshot id instead of --engine (the store)."),
+    store_root: Path = typer.Option(Path("store"), "--store-root", help="Snapshot store root (with --snapshot)."),
+    model: str = typer.Option(..., "--model", help="Model name (seis models list) or a local HF dir."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output dir (default runs/postval/<time>)."),
+    gsm8k_items: Optional[int] = typer.Option(None, "--gsm8k-items", help="GSM8K held-out items (max 660; 0 skips)."),
+    retrieval_items: Optional[int] = typer.Option(None, "--retrieval-items", help="Retrieval items (max 270)."),
+    speed_requests: Optional[int] = typer.Option(None, "--speed-requests", help="GSM8K requests timed (default 100)."),
+    dev_requests: Optional[int] = typer.Option(None, "--dev-requests", help="Dev prompts per dev workload (max 64)."),
+    reps: Optional[int] = typer.Option(None, "--reps", help="Timed repetitions per engine (default 3)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Engine option (default 32)."),
+    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Engine context (default: the model's)."),
+    cpu_threads: Optional[int] = typer.Option(None, "--cpu-threads", help="Threads per engine process on a CPU."),
+    bandwidth_gbs: Optional[float] = typer.Option(None, "--bandwidth-gbs", help="Device GB/s (default: measured)."),
+    dev_speedup: Optional[float] = typer.Option(None, "--dev-speedup", help="The gate's dev speedup, shown alongside."),
+    prepared_dir: Optional[Path] = typer.Option(None, "--prepared-dir", help="Workloads (default data/prepared)."),
+    quick: bool = typer.Option(False, "--quick", help="Small smoke run (few items, short outputs, small KV cache)."),
+) -> None:
+    """Judge a retained engine against vanilla E0: accuracy, speed, latency, bound; tables and figures."""
+    import datetime as dt
+
+    from .engine_host import EngineError
+    from .postval import PostValError, check_model, fetch_snapshot, make_config, run_post_validation
+    from .postval.tables import accuracy_markdown, speed_markdown
+
+    if (engine is None) == (snapshot is None):
+        _fail("pass exactly one of --engine DIR or --snapshot ID")
+    out = out or Path("runs/postval") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    values = {"engine_dir": engine or out / "engine", "model": model, "out_dir": out, "device": device,
+              "gsm8k_items": gsm8k_items, "retrieval_items": retrieval_items, "speed_requests": speed_requests,
+              "dev_requests": dev_requests, "reps": reps, "max_batch_size": max_batch_size,
+              "max_seq_len": max_seq_len, "cpu_threads": cpu_threads, "bandwidth_gbs": bandwidth_gbs,
+              "reported_dev_speedup": dev_speedup, "prepared_dir": prepared_dir, "quick": quick}
+    try:
+        config = make_config(**{k: v for k, v in values.items() if v is not None})
+        if snapshot is not None:
+            check_model(model)  # bad input fails before the snapshot is copied out
+            fetch_snapshot(snapshot, store_root, config.engine_dir)
+        result = run_post_validation(config)
+    except PostValError as e:
+        _fail(str(e))
+    except EngineError as e:  # an engine that crashes or misbehaves: say so, exit 1, no traceback
+        _fail(f"engine failed during post-validation: {e}", code=1)
+    typer.echo(accuracy_markdown(result))
+    typer.echo(speed_markdown(result))
+    for note in result.notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"wrote {len(result.files)} files to {out} in {result.wall_s:.0f} s")
+    if result.flags:
+        typer.secho("accuracy flagged: " + "; ".join(result.flags), fg=typer.colors.YELLOW, err=True)
+
+
+
+@app.command()
+def evolve(
+    protocol: str = typer.Option("sync-chain", help="branching, chain or sync-chain."),
+    chains: int = typer.Option(2, help="Number of chains (branching: parallel sessions per round)."),
+    sessions: int = typer.Option(4, help="Sessions per chain."),
+    sync_every: int = typer.Option(2, help="sync-chain: fan-in before every N-th session."),
+    model: str = typer.Option("tiny-qwen3", help="Model name (seis models list) or a local HF dir."),
+    agent: str = typer.Option("offline", help="offline (default; no key or network needed)."),
+    gate: str = typer.Option("quick", help="Gate sizes: quick or full."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    seed: int = typer.Option(0),
+    out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>); must be new or empty."),
+    store: Path = typer.Option(Path("store"), help="Snapshot store (DVC-tracked inside a DVC repo)."),
+) -> None:
+    """Run an evolution (the `seis` Prefect flow; no server needed) and print the summary table."""
+    from pydantic import ValidationError
+
+    from .config import RunConfig
+
+    values = dict(protocol=protocol, chains=chains, sessions=sessions, sync_every=sync_every, model=model,
+                  agent=agent, gate=gate, device=device, seed=seed, store=store)
+    if out is not None:
+        values["out"] = out
+    try:
+        config = RunConfig(**values)
+        config.preflight()
+    except ValidationError as e:
+        _fail("; ".join(f"--{'-'.join(str(p) for p in err['loc']).replace('_', '-') or 'config'}: {err['msg']}"
+                        for err in e.errors()))
+    except ValueError as e:
+        _fail(str(e))
+    from flows.seis_flow import seis as seis_flow
+    typer.echo(f"run directory: {seis_flow(config)}")
+
+
 if __name__ == "__main__":
     app()

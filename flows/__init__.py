@@ -1,0 +1,1 @@
+"""Prefect flows: protocol scheduling and fan-in; no logic of their own."""

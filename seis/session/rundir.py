@@ -1,0 +1,46 @@
+"""The run directory: config, per-session files, and the summary table.
+
+    runs/<run-id>/
+      config.json  summary.parquet  summary.md  best.json
+      chains/<chain>/<session>/  workspace/  workspace.diff  report.md  gate.json  agent.json  transcript.jsonl
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SUMMARY_COLUMNS = ["chain", "session", "parent_snapshot", "snapshot", "retained", "verdict", "reasons",
+                   "dev_speedup_vs_vanilla", "dev_speedup_vs_parent", "synced_from", "agent", "applied", "adopted",
+                   "tokens_in", "tokens_out", "cost_usd", "wall_s"]
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @classmethod
+    def create(cls, root: Path, config_json: str) -> "RunDir":
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "config.json").write_text(config_json + "\n")
+        return cls(root)
+
+    def session_dir(self, chain: str, session: int) -> Path:
+        return self.root / "chains" / chain / f"{session:03d}"
+
+    def write_summary(self, rows: list[dict]) -> Path:
+        import pandas as pd
+
+        df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS).sort_values(["session", "chain"], kind="stable")
+        df.to_parquet(self.root / "summary.parquet", index=False)
+        (self.root / "summary.md").write_text(summary_markdown(df) + "\n")
+        return self.root / "summary.parquet"
+
+    def write_best(self, best: dict | None) -> None:
+        (self.root / "best.json").write_text(json.dumps(best, indent=2) + "\n")
+
+
+def summary_markdown(df) -> str:
+    shown = df[["chain", "session", "verdict", "retained", "dev_speedup_vs_vanilla", "dev_speedup_vs_parent",
+                "applied", "adopted", "synced_from", "snapshot", "reasons", "wall_s"]]
+    return shown.to_markdown(index=False, floatfmt=".3f")

@@ -1,0 +1,90 @@
+"""The steps of one session. Each is a plain function; tasks/ wraps each in a Prefect task."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..agents import AgentResult, Budget, SessionContext, stamp_verdict
+from ..config import RunConfig
+from ..workspace import Report, Workspace, prepare_workspace
+from .spec import SessionOutcome, SessionSpec
+
+AGENTS_AVAILABLE = ("offline",)
+
+
+def make_agent(config: RunConfig):
+    if config.agent == "offline":
+        from ..agents.offline import OfflineAgent
+        from ..agents.offline.library import load_library
+        return OfflineAgent(load_library(config.agent_library) if config.agent_library else None)
+    raise ValueError(f"agent {config.agent!r} is not available yet (available: {', '.join(AGENTS_AVAILABLE)})")
+
+
+def prepare(spec: SessionSpec, parent_dir: Path) -> Workspace:
+    """A fresh workspace: the parent's engine tree plus inherited reports (and peers' materials at a sync)."""
+    return prepare_workspace(parent_dir, spec.session_dir / "workspace", list(spec.inherited), list(spec.peers))
+
+
+def run_agent(config: RunConfig, spec: SessionSpec, workspace: Workspace) -> AgentResult:
+    context = SessionContext(chain=spec.chain, session=spec.session, chain_index=spec.chain_index,
+                             inherited_reports=spec.inherited, peers=spec.peers, run_id=spec.run_id,
+                             budget=Budget(max_transformations=config.max_transformations,
+                                           max_tokens=config.max_tokens, max_cost_usd=config.max_cost_usd))
+    result = make_agent(config).edit(workspace, context)
+    (spec.session_dir / "agent.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    return result
+
+
+def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, parent_dir: Path):
+    """The development gate on the workspace's engine tree; returns the GateResult (also saved as gate.json)."""
+    from ..evaluator import GateConfig, run_gate
+
+    values = dict(candidate=workspace.root, model=config.model, parent=parent_dir, device=config.device,
+                  seed=config.seed)
+    if config.gate == "smoke":  # the smallest sizes that still run every check (tests)
+        from ..evaluator import CheckSizes, SpeedConfig
+        values.update(checks=CheckSizes(n_dev=2, n_heldout_gsm8k=2, n_heldout_shapes=1, max_new_tokens=12,
+                                        tf_max_tokens=12, n_eos_probes=1),
+                      speed=SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8))
+    gate_config = GateConfig(**values) if config.gate == "full" else GateConfig.quick(**values)
+    result = run_gate(gate_config)
+    (spec.session_dir / "gate.json").write_text(result.model_dump_json(indent=2) + "\n")
+    return result
+
+
+def dev_speedups(gate_result) -> tuple[float | None, float | None]:
+    """(vs vanilla, vs parent) of the candidate on the natural-length dev workload."""
+    if gate_result is None or gate_result.speed is None:
+        return None, None
+    rows = [r for r in gate_result.speed.rows if r.engine == "candidate"]
+    natural = next((r for r in rows if "natural" in r.workload), rows[0] if rows else None)
+    return (natural.vs_vanilla, natural.vs_parent) if natural else (None, None)
+
+
+def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_result, snapshot: str,
+           retained: bool, reasons: tuple[str, ...], wall_s: float) -> SessionOutcome:
+    """Write workspace.diff and report.md (the agent's notes + the gate's verdict and table); build the outcome."""
+    from ..evaluator import render_gate
+
+    (spec.session_dir / "workspace.diff").write_text(workspace.diff())
+    verdict_word = "retained" if retained else "rejected"
+    measurements = render_gate(gate_result) if gate_result is not None else f"No gate run: {'; '.join(reasons)}."
+    markdown = stamp_verdict(agent.report_markdown, verdict_word, measurements)
+    (spec.session_dir / "report.md").write_text(markdown)
+    vs_vanilla, vs_parent = dev_speedups(gate_result)
+    verdict = gate_result.verdict if gate_result is not None else ("no_change" if agent.status == "no_change"
+                                                                    else "error")
+    return SessionOutcome(
+        chain=spec.chain, session=spec.session, parent_snapshot=spec.parent_snapshot, snapshot=snapshot,
+        retained=retained, verdict=verdict, reasons=reasons, dev_speedup_vs_vanilla=vs_vanilla,
+        dev_speedup_vs_parent=vs_parent, synced_from=spec.synced_from, agent=agent.agent,
+        applied=agent.applied, adopted=tuple(a.name for a in agent.adopted), tokens_in=agent.tokens_in,
+        tokens_out=agent.tokens_out, cost_usd=agent.cost_usd, wall_s=wall_s,
+        report=Report(spec.chain, spec.session, markdown, verdict_word))
+
+
+def snapshot_if_retained(store, workspace: Workspace, spec: SessionSpec, retained: bool) -> str:
+    if not retained:
+        return spec.parent_snapshot
+    return store.put(workspace.root, {"run": spec.run_id, "chain": spec.chain, "session": spec.session,
+                                      "parent": spec.parent_snapshot})
