@@ -113,6 +113,21 @@ def test_dvc_tracks_snapshots(engine, tmp_path):
     assert tree_hash(out) == store.info(ids[0]).tree_hash
 
 
+def test_snapshots_go_to_the_default_remote_and_come_back_on_another_machine(engine, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    dvc = dvc_command()
+    subprocess.run([*dvc, "init", "--no-scm", "-q"], cwd=repo, check=True)
+    subprocess.run([*dvc, "remote", "add", "-d", "local", str(tmp_path / "remote")], cwd=repo, check=True)
+    sid = SnapshotStore(repo / "snapshots").put(engine)
+    assert any((tmp_path / "remote").rglob("*"))           # pushed
+    # "another machine": the cache and the snapshot directory are gone, only git-tracked files remain
+    shutil.rmtree(repo / ".dvc" / "cache")
+    shutil.rmtree(repo / "snapshots" / sid)
+    out = SnapshotStore(repo / "snapshots").get(sid, tmp_path / "restored")
+    assert _files(out) == _files(engine)
+
+
 def test_use_dvc_true_needs_a_repository(tmp_path):
     with pytest.raises(StoreError, match="dvc init"):
         SnapshotStore(tmp_path / "store", use_dvc=True)

@@ -59,6 +59,17 @@ class DvcRepo:
     def checkout(self, dvc_file: Path) -> None:
         self.run("checkout", dvc_file.name, cwd=dvc_file.parent)
 
+    def default_remote(self) -> str | None:
+        """The repository's default remote ('' / None when none is configured)."""
+        done = self.run("remote", "default", check=False)
+        return done.stdout.strip() or None if done.returncode == 0 else None
+
+    def push(self, dvc_file: Path) -> None:
+        self.run("push", dvc_file.name, cwd=dvc_file.parent)
+
+    def pull(self, dvc_file: Path) -> None:
+        self.run("pull", dvc_file.name, cwd=dvc_file.parent)
+
     def status(self, dvc_file: Path) -> str:
         return self.run("status", dvc_file.name, cwd=dvc_file.parent).stdout
 

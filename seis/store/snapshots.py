@@ -101,7 +101,9 @@ class SnapshotStore:
             tracked = False
             if self.dvc is not None:
                 try:
-                    self.dvc.add(target)
+                    dvc_file = self.dvc.add(target)
+                    if self._remote():  # versions outlive this machine's cache: push to the default remote
+                        self.dvc.push(dvc_file)
                     tracked = True
                 except DvcError as e:
                     shutil.rmtree(target, ignore_errors=True)
@@ -157,6 +159,11 @@ class SnapshotStore:
         return self.dvc.status(self.root / f"{info.id}.dvc")
 
     # ---- internals -------------------------------------------------------------------------------------------
+    def _remote(self) -> str | None:
+        if not hasattr(self, "_remote_name"):
+            self._remote_name = self.dvc.default_remote() if self.dvc is not None else None
+        return self._remote_name
+
     def _load(self, sid: str) -> SnapshotInfo:
         m = json.loads(self._manifest(sid).read_text(encoding="utf-8"))
         return SnapshotInfo(m["id"], m["tree_hash"], self.root / m["id"], len(m["files"]),
@@ -167,7 +174,13 @@ class SnapshotStore:
         if info.path.is_dir():
             return
         if info.dvc and self.dvc is not None:
-            self.dvc.checkout(self.root / f"{info.id}.dvc")
+            dvc_file = self.root / f"{info.id}.dvc"
+            try:
+                self.dvc.checkout(dvc_file)
+            except DvcError:
+                if not self._remote():
+                    raise
+                self.dvc.pull(dvc_file)  # not in the local cache (another machine made it): fetch it
             if info.path.is_dir():
                 return
         raise StoreError(f"snapshot {info.id}'s files are missing from {info.path}"
