@@ -138,9 +138,12 @@ def dev_only_batches(root: Path, dev_prompts: list[tuple[int, ...]]) -> Path:
 
 
 # --- an honest engine that reports the conditions it runs under ---------------------------------------------------
-def introspecting(root: Path) -> Path:
+def introspecting(root: Path, secrets: tuple[Path, ...] = ()) -> Path:
+    """The engine's stats report what its process sees, including which of `secrets` it can read."""
     edit(root, ENGINE_PY, '            **self._counters,\n        }',
          '            **self._counters,\n'
+         f'            "probe_secrets_visible": [p for p in {[str(p) for p in secrets]!r} '
+         'if __import__("os").path.exists(p)],\n'
          '            "probe_rlimit_as": __import__("resource").getrlimit(__import__("resource").RLIMIT_AS)[0],\n'
          '            "probe_env": sorted(__import__("os").environ),\n'
          '            "probe_interfaces": sorted(l.split(":")[0].strip() for l in '

@@ -9,6 +9,8 @@ import resource
 from pathlib import Path
 
 import pytest
+
+import seis.evaluator
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -52,7 +54,10 @@ def e0_gate(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> GateRes
     """E0 vs a copy of E0, with speed on and a parent that reports what its process can see."""
     tmp = tmp_path_factory.mktemp("e0")
     candidate = H.copy_engine(tmp / "candidate")
-    parent = H.introspecting(H.copy_engine(tmp / "parent"))
+    secrets = (prepared / "gsm8k_test.jsonl", prepared / "manifest.json",
+               Path(seis.evaluator.__file__).parent / "config.py")
+    assert all(p.exists() for p in secrets)
+    parent = H.introspecting(H.copy_engine(tmp / "parent"), secrets)
     speed = SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8)
     with pytest.MonkeyPatch.context() as mp:  # must not reach the engine processes
         mp.setenv("https_proxy", "http://127.0.0.1:9")
@@ -124,6 +129,10 @@ def test_engine_process_runs_isolated_from_a_snapshot(e0_gate: GateResult) -> No
     assert not {"https_proxy", "SEIS_TEST_PRIVATE"} & set(seen["probe_env"])
     if iso.network_isolated:
         assert seen["probe_interfaces"] == ["lo"]
+    # Held-out data and the evaluator's thresholds are hidden from engine processes (a tmpfs over each dir).
+    if iso.hidden_paths:
+        assert seen["probe_secrets_visible"] == []
+        assert str(Path(seis.evaluator.__file__).resolve().parent) in iso.hidden_paths
     # It ran from a private copy (since deleted), not from the directory it was given.
     assert not seen["probe_engine_file"].startswith(e0_gate.parent)
     assert not Path(seen["probe_engine_file"]).exists()

@@ -45,6 +45,18 @@ def resolve_device(name: str) -> str:
     return "cpu"
 
 
+def hidden_paths(config: GateConfig) -> tuple[Path, ...]:
+    """What engine processes must not read: the workloads (held-out prompts included), their GSM8K source and
+    the evaluator's own code and thresholds."""
+    from ..workloads import DEFAULT_PREPARED_DIR, WorkloadDataError, resolve_gsm8k_dir
+    paths = [Path(config.prepared_dir or DEFAULT_PREPARED_DIR), Path(__file__).resolve().parent]
+    try:
+        paths.append(resolve_gsm8k_dir())
+    except WorkloadDataError:
+        pass  # no GSM8K source on this machine: nothing to hide
+    return tuple(paths)
+
+
 def _resolve_model(name: str) -> Path:
     from ..models import ModelError, resolve_model
     try:
@@ -68,7 +80,7 @@ def _setup(config: GateConfig, tmp: Path, roles: dict[str, Path | None]) -> _Set
              for role, src in roles.items() if src}
     model_dir = _resolve_model(config.model)
     device = resolve_device(config.device)
-    return _Setup(model_dir, device, make_isolation(device, config.isolation), snaps)
+    return _Setup(model_dir, device, make_isolation(device, config.isolation, hidden_paths(config)), snaps)
 
 
 def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[str]) -> dict[str, EngineHandle]:
@@ -89,6 +101,7 @@ def _isolation_record(config: GateConfig, iso: Isolation) -> IsolationRecord:
     c = config.isolation
     return IsolationRecord(network_isolated=iso.network_isolated, network_method=iso.network_method,
                            memory_limit=iso.memory_limit, memory_limit_bytes=iso.memory_limit_bytes,
+                           hidden_paths=list(iso.hidden_paths),
                            offline_env=dict(OFFLINE_ENV), env_keys=sorted(iso.base_env),
                            build_timeout_s=c.build_timeout_s, call_timeout_s=c.call_timeout_s,
                            gate_timeout_s=c.gate_timeout_s)

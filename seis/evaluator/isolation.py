@@ -10,7 +10,9 @@ import os
 import resource
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .config import IsolationConfig
 from .errors import GateInputError
@@ -23,6 +25,10 @@ ENV_KEEP_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH", "T
                      "OPENBLAS_", "XDG_")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 NET_LAUNCHERS = (("unshare", "--net"), ("unshare", "--net", "--map-root-user"))
+# A private mount namespace on top of the network one: each path named before "--" is covered by an empty,
+# read-only tmpfs, then the engine command runs. So the candidate cannot read held-out data or thresholds.
+HIDE_SCRIPT = ('while [ "$1" != "--" ]; do mount -t tmpfs -o size=4k,mode=0500,ro seis-hidden "$1" || exit 97; '
+               'shift; done; shift; exec "$@"')
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class Isolation:
     network_method: str = "none"
     memory_limit: str = "none"
     memory_limit_bytes: int | None = None
+    hidden_paths: tuple[str, ...] = ()
 
 
 def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -58,6 +65,23 @@ def detect_net_launcher() -> tuple[str, ...] | None:
     return None
 
 
+def hide_launcher(net: tuple[str, ...], paths: tuple[Path, ...]) -> tuple[str, ...]:
+    return (*net, "--mount", "--propagation", "private", "sh", "-c", HIDE_SCRIPT, "seis-hide",
+            *map(str, paths), "--")
+
+
+@functools.lru_cache(maxsize=4)
+def detect_hide_launcher(net: tuple[str, ...]) -> bool:
+    """Whether a mount namespace with a tmpfs over a path works here (detected once per process)."""
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "secret").write_text("x")
+        cmd = [*hide_launcher(net, (Path(d),)), "sh", "-c", f'test ! -e "{d}/secret"']
+        try:
+            return subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+
 def memory_limits(device_type: str, cfg: IsolationConfig) -> tuple[dict[int, int], str, int | None]:
     if cfg.memory_limit_gb is None:
         return {}, "none (disabled)", None
@@ -69,7 +93,8 @@ def memory_limits(device_type: str, cfg: IsolationConfig) -> tuple[dict[int, int
     return {}, "none (CUDA reserves a huge virtual address space, so RLIMIT_AS cannot be used)", None
 
 
-def make_isolation(device_type: str, cfg: IsolationConfig) -> Isolation:
+def make_isolation(device_type: str, cfg: IsolationConfig, hide: tuple[Path, ...] = ()) -> Isolation:
+    """hide: directories the engine processes must not see (held-out data, the evaluator's own files)."""
     launcher: tuple[str, ...] = ()
     method = "none (disabled)"
     if cfg.network != "off":
@@ -78,6 +103,12 @@ def make_isolation(device_type: str, cfg: IsolationConfig) -> Isolation:
             raise GateInputError("network isolation was required but `unshare --net` does not work here")
         launcher = found or ()
         method = " ".join(found) if found else "none (unshare --net not available)"
+    network_isolated = bool(launcher)
+    hide = tuple(sorted({p.resolve() for p in hide if p.is_dir()}))
+    hidden: tuple[str, ...] = ()
+    if launcher and hide and detect_hide_launcher(launcher):
+        launcher, hidden = hide_launcher(launcher, hide), tuple(map(str, hide))
     rlimits, memory, limit_bytes = memory_limits(device_type, cfg)
-    return Isolation(base_env=child_env(), launcher=launcher, rlimits=rlimits, network_isolated=bool(launcher),
-                     network_method=method, memory_limit=memory, memory_limit_bytes=limit_bytes)
+    return Isolation(base_env=child_env(), launcher=launcher, rlimits=rlimits, network_isolated=network_isolated,
+                     network_method=method, memory_limit=memory, memory_limit_bytes=limit_bytes,
+                     hidden_paths=hidden)

@@ -86,6 +86,7 @@ class IsolationRecord(_Model):
     network_method: str
     memory_limit: str
     memory_limit_bytes: int | None
+    hidden_paths: list[str] = Field(default_factory=list)  # covered by an empty tmpfs for the engine processes
     offline_env: dict[str, str]
     env_keys: list[str]             # names (not values) of the variables the engine processes received
     build_timeout_s: float
