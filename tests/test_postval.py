@@ -240,6 +240,14 @@ def test_tables_figures_and_json_are_written(tiny_runs):
     speed = pd.read_parquet(out / "speed.parquet")
     want = {"vanilla_tok_s", "candidate_tok_s_min", "speedup", "speedup_max", "vanilla_bound_tok_s"}
     assert want <= set(speed.columns)
+    # DVC's metrics and plot files carry the same numbers
+    metrics = json.loads((out / "metrics.json").read_text())
+    gsm = r.accuracy_of("gsm8k")
+    assert metrics["gsm8k"]["delta_points"] == gsm.delta_points and metrics["gsm8k"]["items"] == gsm.items
+    first = r.speed[0]
+    assert metrics["speedup"][f"{first.workload}-{first.mode}"] == round(first.speedup.median, 4)
+    rows = (out / "throughput.csv").read_text().splitlines()
+    assert rows[0].startswith("workload,mode,engine,tok_per_s") and len(rows) == 1 + 2 * len(r.speed + r.workloads)
 
 
 def test_flagged_accuracy_shows_in_every_table(tiny_runs, tmp_path):

@@ -188,11 +188,12 @@ def write_outputs(result: PostValResult, out_dir: str | Path) -> dict[str, str]:
     import pandas as pd
 
     from .figures import write_figures
+    from .metrics import write_metrics
     from .tables import write_tables
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = write_tables(result, out)
+    files = write_tables(result, out) | write_metrics(result, out)
     items_path = out / "items.parquet"
     pd.DataFrame([i.model_dump() for i in result.items],
                  columns=list(ItemOutcome.model_fields)).to_parquet(items_path, index=False)
