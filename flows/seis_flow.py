@@ -18,6 +18,7 @@ from seis.engine_import import ENGINE_TEMPLATE
 from seis.session import ChainState, RunDir, SessionSpec, fan_in, pick_best
 from seis.store import SnapshotStore
 from tasks.gpu import ensure_gpu_limit
+from tasks.postval import post_validate_task
 from tasks.session import session_task
 
 
@@ -63,8 +64,11 @@ def seis(config: RunConfig) -> str:
             states[outcome.chain] = states[outcome.chain].after(outcome)
     rows = [o.summary_row() for o in outcomes]
     run.write_summary(rows)
+    run.write_chain_figure()
     best = pick_best(outcomes)
     run.write_best(best.summary_row() if best else None)
+    if config.post_validate != "off" and best is not None:
+        post_validate_task(config, best.snapshot, best.dev_speedup_vs_vanilla, run.root / "postval")
     create_table_artifact(rows, key=f"seis-{config.run_id}".lower().replace("_", "-"),
                           description=f"SEIS {config.protocol} run {config.run_id}")
     print((run.root / "summary.md").read_text())

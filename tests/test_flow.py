@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,7 @@ def test_sync_chain_lineage_and_fan_in(harness, tmp_path):
     for name in ("workspace.diff", "report.md", "gate.json", "agent.json"):
         assert (tmp_path / "run" / "chains" / "c1" / "001" / name).is_file()
     assert "retained" in (tmp_path / "run" / "chains" / "c1" / "001" / "report.md").read_text()
+    assert (tmp_path / "run" / "figures" / "chain_speedups.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_chain_rejected_candidate_keeps_parent_and_is_not_retried(harness, tmp_path):
@@ -92,14 +94,20 @@ def test_chain_rejected_candidate_keeps_parent_and_is_not_retried(harness, tmp_p
     assert df.loc[1, "verdict"] == "no_change" and df.loc[1, "applied"] == ""   # never retried
 
 
-def test_branching_sessions_all_start_from_vanilla(harness, tmp_path):
+def test_branching_sessions_all_start_from_vanilla_and_the_best_is_post_validated(harness, tmp_path):
     lib = _library(tmp_path, "batched-scoring", "decode-pinned-metadata")
-    df = _run(tmp_path, protocol="branching", chains=2, sessions=1, agent_library=lib)
+    df = _run(tmp_path, protocol="branching", chains=2, sessions=1, agent_library=lib, post_validate="quick")
     vanilla = SnapshotStore(tmp_path / "store").put(ENGINE_TEMPLATE)
     assert set(df.parent_snapshot) == {vanilla}
     assert set(df.applied) == {"batched-scoring", "decode-pinned-metadata"}
     best = (tmp_path / "run" / "best.json").read_text()
-    assert df.loc[df.dev_speedup_vs_vanilla.idxmax(), "snapshot"] in best
+    best_snapshot = df.loc[df.dev_speedup_vs_vanilla.idxmax(), "snapshot"]
+    assert best_snapshot in best
+    postval = json.loads((tmp_path / "run" / "postval" / "postval.json").read_text())
+    assert Path(postval["config"]["engine_dir"]).name == "engine"
+    assert tree_hash(tmp_path / "run" / "postval" / "engine") == SnapshotStore(tmp_path / "store").info(
+        best_snapshot).tree_hash
+    assert json.loads((tmp_path / "run" / "postval" / "metrics.json").read_text())["gsm8k"]["delta_points"] == 0
 
 
 def _evolve(*args: str) -> subprocess.CompletedProcess:

@@ -1,7 +1,8 @@
 """The run directory: config, per-session files, and the summary table.
 
     runs/<run-id>/
-      config.json  summary.parquet  summary.md  best.json
+      config.json  summary.parquet  summary.md  best.json  figures/chain_speedups.png
+      postval/  (with post_validate: the best retained engine against vanilla; tables, figures, metrics)
       chains/<chain>/<session>/  workspace/  workspace.diff  report.md  gate.json  agent.json  transcript.jsonl
 """
 from __future__ import annotations
@@ -35,6 +36,18 @@ class RunDir:
         df.to_parquet(self.root / "summary.parquet", index=False)
         (self.root / "summary.md").write_text(summary_markdown(df) + "\n")
         return self.root / "summary.parquet"
+
+    def write_chain_figure(self) -> Path:
+        """Retained dev speedup along each chain, rejected candidates and sync points marked."""
+        import pandas as pd
+
+        from ..postval import plot_chain_speedups
+        path = self.root / "figures" / "chain_speedups.png"
+        path.parent.mkdir(exist_ok=True)
+        df = pd.read_parquet(self.root / "summary.parquet")
+        df["synced_from"] = df["synced_from"].replace("", None)  # the figure reads None as "no sync"
+        plot_chain_speedups(df, path)
+        return path
 
     def write_best(self, best: dict | None) -> None:
         (self.root / "best.json").write_text(json.dumps(best, indent=2) + "\n")

@@ -1,0 +1,29 @@
+"""Post-validation of a run's best retained engine, outside the agents' feedback."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
+
+from seis.config import RunConfig
+from seis.postval import make_config, run_post_validation
+from seis.store import SnapshotStore
+
+from .gpu import GPU_LIMIT
+
+
+@task(name="post-validate", cache_policy=NO_CACHE)
+def post_validate_task(config: RunConfig, snapshot: str, dev_speedup: float | None, out_dir: Path) -> dict:
+    engine_dir = SnapshotStore(config.store).get(snapshot, out_dir / "engine")
+    pv_config = make_config(engine_dir=engine_dir, model=config.model, device=config.device, out_dir=out_dir,
+                            quick=config.post_validate == "quick", reported_dev_speedup=dev_speedup)
+    with concurrency(GPU_LIMIT, occupy=1, strict=True):
+        result = run_post_validation(pv_config)
+    tables = "\n\n".join((out_dir / f"{name}.md").read_text() for name in ("accuracy", "speed", "latency"))
+    create_markdown_artifact(f"# Post-validation of snapshot {snapshot}\n\n{tables}\n\nFiles: `{out_dir}`",
+                             key=f"seis-{config.run_id}-postval".lower().replace("_", "-"),
+                             description=f"SEIS post-validation of {snapshot}")
+    return {"snapshot": snapshot, "flags": result.flags, "files": result.files}
