@@ -80,6 +80,11 @@ def _setup(config: GateConfig, tmp: Path, roles: dict[str, Path | None]) -> _Set
              for role, src in roles.items() if src}
     model_dir = _resolve_model(config.model)
     device = resolve_device(config.device)
+    from ..workloads import WorkloadDataError, ensure_prepared
+    try:
+        ensure_prepared(config.prepared_dir)  # before isolation is set up: it hides this directory
+    except WorkloadDataError as e:
+        raise GateInputError(f"{e} (prepared workloads dir: {config.prepared_dir or 'data/prepared'})") from None
     return _Setup(model_dir, device, make_isolation(device, config.isolation, hidden_paths(config)), snaps)
 
 

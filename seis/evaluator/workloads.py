@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..engine_host.client import Sampling
 from ..workloads import (
+    ensure_prepared,
     DevWorkload,
     WorkloadDataError,
     gsm8k_messages,
@@ -140,6 +141,7 @@ def _spread(n_total: int, n: int) -> list[int]:
 
 def _prepared(config: GateConfig, loader):
     try:
+        ensure_prepared(config.prepared_dir)
         return loader()
     except WorkloadDataError as e:
         raise GateInputError(f"{e} (prepared workloads dir: {config.prepared_dir or 'data/prepared'})") from None

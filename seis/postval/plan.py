@@ -77,7 +77,7 @@ def check_model(name: str) -> Path:
 def prepare_plan(config: PostValConfig) -> Plan:
     """Validate the inputs and build every prompt; raises PostValError before any engine work."""
     from ..prompts import load_tokenizer
-    from ..workloads import WorkloadDataError
+    from ..workloads import WorkloadDataError, ensure_prepared
 
     check_engine("--engine", config.engine_dir)
     check_engine("vanilla engine", config.vanilla_dir)
@@ -87,6 +87,7 @@ def prepare_plan(config: PostValConfig) -> Plan:
                 vocab_size=int(model_cfg["vocab_size"]), tokenizer=None)
     _check_memory(plan)
     try:
+        ensure_prepared(plan.config.prepared_dir)
         _load_workloads(plan)
     except WorkloadDataError as exc:
         raise PostValError(f"prepared workloads: {exc}") from None

@@ -14,6 +14,7 @@ from seis.workloads.prepare import (
     load_dev_workloads,
     load_heldout_shapes,
     load_manifest,
+    ensure_prepared,
     prepare_all,
     verify_prepared,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "load_params",
     "load_retrieval",
     "normalize_number",
+    "ensure_prepared",
     "prepare_all",
     "resolve_gsm8k_dir",
     "retrieval_messages",

@@ -141,3 +141,12 @@ def load_dev_workloads(prepared_dir: str | Path | None = None) -> list[DevWorklo
         return TypeAdapter(list[DevWorkload]).validate_json(path.read_bytes())
     except ValueError as exc:
         raise WorkloadDataError(f"{path}: invalid dev workloads: {exc}") from exc
+
+
+def ensure_prepared(prepared_dir: str | Path | None = None) -> Path:
+    """The default workloads are prepared on first use (deterministic, from the GSM8K source), as `dvc repro
+    prepare-workloads` would; an explicitly named directory must already exist."""
+    root = Path(prepared_dir or DEFAULT_PREPARED_DIR)
+    if prepared_dir is None and not (root / "manifest.json").is_file():
+        prepare_all(root)
+    return root
