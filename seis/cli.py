@@ -194,8 +194,17 @@ def evolve(
                         for err in e.errors()))
     except ValueError as e:
         _fail(str(e))
+    _ephemeral_prefect_home(config.out)
     from flows.seis_flow import seis as seis_flow
     typer.echo(f"run directory: {seis_flow(config)}")
+
+
+def _ephemeral_prefect_home(run_dir: Path) -> None:
+    """Without a Prefect server, keep this run's Prefect state (database, GPU concurrency limit) in its run
+    directory. A shared ~/.prefect would let a killed run's in-memory slot lease block every later run."""
+    import os
+    if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
+        os.environ["PREFECT_HOME"] = str(run_dir / ".prefect")
 
 
 if __name__ == "__main__":
