@@ -45,7 +45,9 @@ class RunDir:
         path = self.root / "figures" / "chain_speedups.png"
         path.parent.mkdir(exist_ok=True)
         df = pd.read_parquet(self.root / "summary.parquet")
-        df["synced_from"] = df["synced_from"].replace("", None)  # the figure reads None as "no sync"
+        # A fan-in before session s hands over each peer's engine as it stood after session s - 1.
+        df["synced_from"] = [f"{peers.split(',')[0]}/{s - 1}" if peers else None
+                             for peers, s in zip(df["synced_from"], df["session"])]
         plot_chain_speedups(df, path)
         return path
 
