@@ -87,6 +87,9 @@ class IsolationConfig(_Frozen):
     cuda_memory_limit: Literal["none", "data"] = "none"
     network: Literal["auto", "require", "off"] = "auto"  # unshare --net: when it works / must work / never
     max_tree_mb: float = Field(256.0, gt=0)      # refuse absurdly large candidate trees
+    # CPU only: intra-op threads per engine process. One thread keeps CPU timings comparable on a shared
+    # machine (a multi-threaded decode step stalls whenever another process holds a core). None: torch default.
+    cpu_threads: int | None = Field(1, ge=1)
 
 
 class GateConfig(_Frozen):

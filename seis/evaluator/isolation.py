@@ -109,6 +109,9 @@ def make_isolation(device_type: str, cfg: IsolationConfig, hide: tuple[Path, ...
     if launcher and hide and detect_hide_launcher(launcher):
         launcher, hidden = hide_launcher(launcher, hide), tuple(map(str, hide))
     rlimits, memory, limit_bytes = memory_limits(device_type, cfg)
-    return Isolation(base_env=child_env(), launcher=launcher, rlimits=rlimits, network_isolated=network_isolated,
+    env = child_env()
+    if device_type == "cpu" and cfg.cpu_threads:
+        env |= {"OMP_NUM_THREADS": str(cfg.cpu_threads), "MKL_NUM_THREADS": str(cfg.cpu_threads)}
+    return Isolation(base_env=env, launcher=launcher, rlimits=rlimits, network_isolated=network_isolated,
                      network_method=method, memory_limit=memory, memory_limit_bytes=limit_bytes,
                      hidden_paths=hidden)
