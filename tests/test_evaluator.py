@@ -23,25 +23,12 @@ from seis.evaluator.gate import evaluator_source_sha256
 from seis.evaluator.snapshot import snapshot, tree_sha256
 from seis.evaluator.workloads import load_gate_workloads
 from seis.models import resolve_model
-from seis.workloads import DEFAULT_PREPARED_DIR, WorkloadDataError, prepare_all, verify_prepared
 
 import evaluator_helpers as H
 
-GSM8K_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k"
-
-
 @pytest.fixture(scope="session")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        verify_prepared(DEFAULT_PREPARED_DIR)
-        return DEFAULT_PREPARED_DIR
-    except WorkloadDataError:
-        pass
-    if not GSM8K_DIR.is_dir():
-        pytest.skip(f"no prepared workloads and no GSM8K source at {GSM8K_DIR}")
-    out = tmp_path_factory.mktemp("prepared")
-    prepare_all(out, gsm8k_dir=GSM8K_DIR)
-    return out
+def prepared(prepared_dir: Path) -> Path:
+    return prepared_dir
 
 
 @pytest.fixture(scope="session")

@@ -31,32 +31,17 @@ from seis.postval.result import ItemOutcome
 from seis.postval.speed import latency_stats, percentile, spread
 from seis.postval.tables import accuracy_markdown, speed_markdown, write_tables
 from seis.workloads import (
-    DEFAULT_PREPARED_DIR,
     GSM8KItem,
     extract_answer,
     is_correct,
     load_retrieval,
-    prepare_all,
     score_retrieval,
 )
 
 REPO = Path(__file__).resolve().parents[1]
-GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 
 
 # ---- fixtures ------------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def prepared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """data/prepared when it is there, else the workloads prepared into a temporary directory."""
-    if (DEFAULT_PREPARED_DIR / "manifest.json").is_file():
-        return DEFAULT_PREPARED_DIR
-    if not GSM8K_DIR.is_dir():
-        pytest.skip(f"no prepared workloads and no GSM8K source at {GSM8K_DIR}")
-    out = tmp_path_factory.mktemp("prepared")
-    prepare_all(out, gsm8k_dir=GSM8K_DIR)
-    return out
-
 
 @pytest.fixture(scope="session")
 def e0_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
