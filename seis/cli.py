@@ -170,7 +170,14 @@ def evolve(
     sessions: int = typer.Option(4, help="Sessions per chain."),
     sync_every: int = typer.Option(2, help="sync-chain: fan-in before every N-th session."),
     model: str = typer.Option("tiny-qwen3", help="Model name (seis models list) or a local HF dir."),
-    agent: str = typer.Option("offline", help="offline (default; no key or network needed)."),
+    agent: str = typer.Option("offline", help="offline (default; no key or network needed), anthropic, openai, cli."),
+    agent_model: Optional[str] = typer.Option(None, help="LLM agents: model name (default per backend)."),
+    agent_base_url: Optional[str] = typer.Option(None, help="LLM agents: API base URL (default: the SDK's env)."),
+    agent_command: Optional[str] = typer.Option(None, help="cli agent: headless coding-agent command line."),
+    max_turns: Optional[int] = typer.Option(None, help="LLM agents: API calls per session."),
+    max_tokens: Optional[int] = typer.Option(None, help="LLM agents: tokens per session."),
+    max_cost_usd: Optional[float] = typer.Option(None, help="LLM agents: USD per session."),
+    post_validate: str = typer.Option("off", help="After the run, post-validate the best engine: off, quick, full."),
     gate: str = typer.Option("quick", help="Gate sizes: quick or full."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     seed: int = typer.Option(0),
@@ -183,7 +190,10 @@ def evolve(
     from .config import RunConfig
 
     values = dict(protocol=protocol, chains=chains, sessions=sessions, sync_every=sync_every, model=model,
-                  agent=agent, gate=gate, device=device, seed=seed, store=store)
+                  agent=agent, gate=gate, device=device, seed=seed, store=store, post_validate=post_validate)
+    optional = dict(agent_model=agent_model, agent_base_url=agent_base_url, agent_command=agent_command,
+                    max_turns=max_turns, max_tokens=max_tokens, max_cost_usd=max_cost_usd)
+    values |= {k: v for k, v in optional.items() if v is not None}  # unset: RunConfig's defaults (and env)
     if out is not None:
         values["out"] = out
     try:

@@ -4,6 +4,7 @@ Everything is validated before any work starts; messages say what to fix.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Literal
@@ -27,12 +28,31 @@ class RunConfig(BaseModel):
     gate: Literal["smoke", "quick", "full"] = Field(
         "quick", description="gate sizes: smoke (tests), quick (CPU-friendly) or full (GPU)")
     seed: int = 0
+    post_validate: Literal["off", "quick", "full"] = Field(
+        "off", description="after the run: post-validate the best retained engine against vanilla")
     max_transformations: int = Field(1, ge=0, description="offline agent: new changes per session")
     max_tokens: int | None = Field(None, ge=1, description="LLM agents: token budget per session")
     max_cost_usd: float | None = Field(None, gt=0, description="LLM agents: cost budget per session")
     out: Path = Field(default_factory=lambda: Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     base_engine: Path | None = Field(None, description="the vanilla engine (default: engine_template/)")
     agent_library: Path | None = Field(None, description="offline agent: a transformation library directory")
+    # LLM agents (anthropic | openai | cli). Keys come from the SDKs' env vars (ANTHROPIC_API_KEY, OPENAI_API_KEY)
+    # and never enter the config. The two env defaults let `seis evolve --agent cli` be configured without flags.
+    agent_model: str | None = Field(default_factory=lambda: os.environ.get("SEIS_AGENT_MODEL") or None,
+                                    description="LLM agents: model name (default per backend; env SEIS_AGENT_MODEL)")
+    agent_base_url: str | None = Field(None, description="LLM agents: API base URL (default: the SDK's env var "
+                                                         "ANTHROPIC_BASE_URL / OPENAI_BASE_URL, then its default)")
+    agent_command: str | None = Field(default_factory=lambda: os.environ.get("SEIS_AGENT_COMMAND") or None,
+                                      description="cli agent: bash command line run in the workspace, prompt on "
+                                                  "stdin (env SEIS_AGENT_COMMAND)")
+    max_turns: int = Field(50, ge=1, description="LLM agents: API calls per session")
+    prompt_template: str = Field("session_v1", min_length=1,
+                                 description="LLM agents: a bundled prompt template name or a file path")
+    agent_prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="LLM agents: model prefix -> (USD/Mtok in, out); key 'default' prices "
+                                          "unknown models (else they cost $0, with a note)")
+    agent_max_retries: int = Field(4, ge=0, le=20, description="LLM agents: SDK retries on 429 / 5xx")
+    agent_wall_s: float | None = Field(None, gt=0, description="LLM agents: wall-clock limit per session")
     store: Path = Field(Path("store"), description="snapshot store (DVC-tracked when inside a DVC repo)")
 
     @field_validator("out", "store")
@@ -47,6 +67,11 @@ class RunConfig(BaseModel):
                              "no sync would ever happen")
         if self.protocol == "sync-chain" and self.chains < 2:
             raise ValueError("sync-chain needs at least 2 chains to sync between")
+        if self.agent == "cli" and not (self.agent_command or "").strip():
+            raise ValueError("agent 'cli' needs agent_command (or SEIS_AGENT_COMMAND): the command line of a "
+                             "headless coding agent, e.g. 'claude -p --permission-mode acceptEdits'")
+        if any(p < 0 for prices in self.agent_prices.values() for p in prices):
+            raise ValueError("agent_prices must be >= 0 (USD per million tokens)")
         return self
 
     def preflight(self) -> None:
@@ -56,6 +81,9 @@ class RunConfig(BaseModel):
         from .session.steps import AGENTS_AVAILABLE
         if self.agent not in AGENTS_AVAILABLE:
             raise ValueError(f"agent {self.agent!r} is not available yet (available: {', '.join(AGENTS_AVAILABLE)})")
+        if self.agent != "offline":  # API key by env var name, cli command, prompt template: before any work
+            from .agents.llm import check_ready, settings_from_config
+            check_ready(settings_from_config(self), max_cost_usd=self.max_cost_usd)
         try:
             resolve_model(self.model)
         except ModelError as e:
@@ -74,7 +102,7 @@ class RunConfig(BaseModel):
         out = self.out
         if out.exists() and not out.is_dir():
             raise ValueError(f"output path {out} exists and is not a directory")
-        if out.exists() and any(out.iterdir()):
+        if out.exists() and any(p.name != ".prefect" for p in out.iterdir()):  # .prefect: this run's own state
             raise ValueError(f"output dir {out} is not empty; choose a new --out")
         existing = next(p for p in [out, *out.parents] if p.exists())
         if not existing.is_dir():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from ..workspace import PeerMaterial, Report, Workspace, check_chain_id
@@ -35,6 +36,9 @@ class SessionContext:
     peers: tuple[PeerMaterial, ...] = ()         # non-empty only at a sync
     budget: Budget = field(default_factory=Budget)
     run_id: str | None = None
+    # Where an agent may write its own artifacts (LLM agents: transcript.jsonl). None: the workspace's parent
+    # directory, which prepare() makes the session directory.
+    session_dir: Path | None = None
 
     def __post_init__(self) -> None:
         check_chain_id(self.chain)

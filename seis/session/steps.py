@@ -9,7 +9,7 @@ from ..config import RunConfig
 from ..workspace import Report, Workspace, prepare_workspace
 from .spec import SessionOutcome, SessionSpec
 
-AGENTS_AVAILABLE = ("offline",)
+AGENTS_AVAILABLE = ("offline", "anthropic", "openai", "cli")
 
 
 def make_agent(config: RunConfig):
@@ -17,6 +17,9 @@ def make_agent(config: RunConfig):
         from ..agents.offline import OfflineAgent
         from ..agents.offline.library import load_library
         return OfflineAgent(load_library(config.agent_library) if config.agent_library else None)
+    if config.agent in ("anthropic", "openai", "cli"):
+        from ..agents.llm import make_llm_agent
+        return make_llm_agent(config)
     raise ValueError(f"agent {config.agent!r} is not available yet (available: {', '.join(AGENTS_AVAILABLE)})")
 
 
@@ -28,6 +31,7 @@ def prepare(spec: SessionSpec, parent_dir: Path) -> Workspace:
 def run_agent(config: RunConfig, spec: SessionSpec, workspace: Workspace) -> AgentResult:
     context = SessionContext(chain=spec.chain, session=spec.session, chain_index=spec.chain_index,
                              inherited_reports=spec.inherited, peers=spec.peers, run_id=spec.run_id,
+                             session_dir=spec.session_dir,
                              budget=Budget(max_transformations=config.max_transformations,
                                            max_tokens=config.max_tokens, max_cost_usd=config.max_cost_usd))
     result = make_agent(config).edit(workspace, context)

@@ -1,0 +1,89 @@
+"""What an LLM agent is told by the run configuration, and the checks made before any work starts."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Backend = Literal["anthropic", "openai", "cli"]
+
+# Current, non-deprecated models of the installed SDKs. claude-sonnet-4-6 is not in the pricing table (its price
+# was not known when the table was written): give it with agent_prices to meter its cost.
+DEFAULT_MODELS: dict[str, str] = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-5"}
+# The SDKs read these themselves; we only check them up front so a run fails before any work, naming the var.
+KEY_ENV: dict[str, tuple[str, ...]] = {"anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
+                                       "openai": ("OPENAI_API_KEY",)}
+BASE_URL_ENV: dict[str, str] = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    backend: Backend
+    model: str | None = None                 # None: DEFAULT_MODELS[backend] (cli: a label only)
+    base_url: str | None = None              # None: the SDK's env var, then its default
+    max_turns: int = 50                      # API calls per session
+    max_output_tokens: int = 8192            # per call; lowered when the token budget is nearly spent
+    max_retries: int = 4                     # the SDKs' own retry-with-backoff on 429 / 5xx / connection errors
+    request_timeout_s: float = 600.0
+    prompt_template: str = "session_v1"      # a bundled template name or a file path
+    prices: dict[str, tuple[float, float]] = field(default_factory=dict)  # model prefix -> ($/Mtok in, out)
+    command: str | None = None               # cli: a bash command line run in the workspace
+    wall_s: float | None = None              # whole-session wall-clock limit (cli: the command's timeout)
+    shell_timeout_s: float = 300.0           # run_shell default (the model may ask for less, or up to 2x)
+
+    @property
+    def resolved_model(self) -> str:
+        return self.model or DEFAULT_MODELS.get(self.backend, self.backend)
+
+
+def settings_from_config(config) -> LLMSettings:
+    """LLMSettings from a RunConfig (duck-typed so this module does not import pydantic models)."""
+    return LLMSettings(backend=config.agent, model=config.agent_model, base_url=config.agent_base_url,
+                       max_turns=config.max_turns, max_retries=config.agent_max_retries,
+                       prompt_template=config.prompt_template, prices=dict(config.agent_prices),
+                       command=config.agent_command, wall_s=config.agent_wall_s)
+
+
+def check_ready(settings: LLMSettings, environ: dict[str, str] | None = None,
+                max_cost_usd: float | None = None) -> None:
+    """Raise ValueError saying what to fix: a missing API key (by env var), a missing or unknown cli command,
+    an unreadable prompt template. Touches nothing but the environment and the file system."""
+    env = os.environ if environ is None else environ
+    if settings.backend in KEY_ENV:
+        names = KEY_ENV[settings.backend]
+        if not any(env.get(n) for n in names):
+            raise ValueError(f"agent {settings.backend!r} needs an API key: set {names[0]} in the environment"
+                             + (f" (or {' / '.join(names[1:])})" if len(names) > 1 else ""))
+        from .pricing import price_for
+        if max_cost_usd is not None and not price_for(settings.resolved_model, settings.prices).known:
+            raise ValueError(f"max_cost_usd needs a price for model {settings.resolved_model!r}, which is not in "
+                             "the pricing table: set agent_prices, e.g. {\"" + settings.resolved_model
+                             + "\": [IN, OUT]} in USD per million input / output tokens")
+    elif settings.backend == "cli":
+        if not settings.command or not settings.command.strip():
+            raise ValueError("agent 'cli' needs a command: set agent_command (or SEIS_AGENT_COMMAND), "
+                             "e.g. 'claude -p --permission-mode acceptEdits'")
+        program = _program(settings.command)
+        if program is not None and shutil.which(program) is None and not Path(program).is_file():
+            raise ValueError(f"agent 'cli': command {program!r} not found on PATH")
+    else:
+        raise ValueError(f"{settings.backend!r} is not an LLM agent backend")
+    from .prompt import load_template
+    load_template(settings.prompt_template)  # raises with the path when missing or malformed
+
+
+def _program(command: str) -> str | None:
+    """The executable a simple command line starts (None when the line is too shell-ish to tell)."""
+    if any(c in command for c in "|;&$`()<>\n"):
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):  # leading VAR=value assignments
+        words = words[1:]
+    return words[0] if words and words[0] not in {"env", "exec", "time", "nice", "timeout"} else None
