@@ -148,6 +148,8 @@ def post_validate(
         if snapshot is not None:
             check_model(model)  # bad input fails before the snapshot is copied out
             fetch_snapshot(snapshot, store_root, config.engine_dir)
+        import logging
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")  # progress
         result = run_post_validation(config)
     except PostValError as e:
         _fail(str(e))

@@ -86,6 +86,7 @@ def measure(plan: Plan) -> PostValResult:
             items += gsm
             skipped = len(plan.gsm8k_items) - len(keep)
             accuracy.append(summarize_accuracy("gsm8k", gsm, skipped, c.flag_points))
+            log.info("gsm8k: %d items answered by both engines (%.0f s so far)", len(prompts), time.perf_counter() - t0)
             if skipped:
                 notes.append(f"gsm8k: {skipped} of {len(plan.gsm8k_items)} prompts exceed the context "
                              f"({context} tokens) and were skipped")
@@ -99,6 +100,7 @@ def measure(plan: Plan) -> PostValResult:
             skipped = len(plan.retrieval_items) - len(keep)
             accuracy.append(summarize_accuracy("retrieval", ret, skipped, c.flag_points))
             buckets = bucket_accuracy(plan.retrieval_items, ret)
+            log.info("retrieval: %d items answered (%.0f s so far)", len(prompts), time.perf_counter() - t0)
             if skipped:
                 notes.append(f"retrieval: {skipped} of {len(plan.retrieval_items)} prompts exceed the context "
                              f"({context} tokens) and were skipped")
