@@ -49,7 +49,8 @@ def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, p
         from ..evaluator import CheckSizes, SpeedConfig
         values.update(checks=CheckSizes(n_dev=2, n_heldout_gsm8k=2, n_heldout_shapes=1, max_new_tokens=12,
                                         tf_max_tokens=12, n_eos_probes=1),
-                      speed=SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8))
+                      speed=SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8),
+                      max_prompt_tokens=128)  # CPU prefill dominates a small gate
     gate_config = GateConfig(**values) if config.gate == "full" else GateConfig.quick(**values)
     result = run_gate(gate_config)
     (spec.session_dir / "gate.json").write_text(result.model_dump_json(indent=2) + "\n")
