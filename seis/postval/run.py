@@ -77,33 +77,29 @@ def measure(plan: Plan) -> PostValResult:
             s = Sampling(max_new_tokens=max_new)  # greedy, EOS on
             return {n: decode_outputs(plan.tokenizer, engines[n].generate(prompts, s)) for n in ENGINES}
 
-        # GSM8K: all prompts in one call; prompts longer than the context are skipped and counted.
-        if plan.gsm8k_items:
-            keep = [i for i, p in enumerate(plan.gsm8k_prompts) if fits(p, context)]
-            its, prompts = [plan.gsm8k_items[i] for i in keep], [plan.gsm8k_prompts[i] for i in keep]
-            outs = answer(prompts, plan.gsm8k_max_new_tokens) if prompts else {n: [] for n in ENGINES}
-            gsm = [o for n in ENGINES for o in score_gsm8k(n, its, prompts, outs[n])]
-            items += gsm
-            skipped = len(plan.gsm8k_items) - len(keep)
-            accuracy.append(summarize_accuracy("gsm8k", gsm, skipped, c.flag_points))
-            log.info("gsm8k: %d items answered by both engines (%.0f s so far)", len(prompts), time.perf_counter() - t0)
+        def task(name: str, all_items: list, all_prompts: list[list[int]], max_new: int, score) -> list:
+            """All prompts of a task in one call per engine; prompts over the context are skipped and counted."""
+            keep = [i for i, p in enumerate(all_prompts) if fits(p, context)]
+            its, prompts = [all_items[i] for i in keep], [all_prompts[i] for i in keep]
+            outs = answer(prompts, max_new) if prompts else {n: [] for n in ENGINES}
+            scored = [o for n in ENGINES for o in score(n, its, prompts, outs[n])]
+            skipped = len(all_items) - len(keep)
+            accuracy.append(summarize_accuracy(name, scored, skipped, c.flag_points))
+            log.info("%s: %d items answered by both engines (%.0f s so far)", name, len(prompts),
+                     time.perf_counter() - t0)
             if skipped:
-                notes.append(f"gsm8k: {skipped} of {len(plan.gsm8k_items)} prompts exceed the context "
+                notes.append(f"{name}: {skipped} of {len(all_items)} prompts exceed the context "
                              f"({context} tokens) and were skipped")
+            return scored
+
+        if plan.gsm8k_items:
+            items += task("gsm8k", plan.gsm8k_items, plan.gsm8k_prompts, plan.gsm8k_max_new_tokens, score_gsm8k)
         buckets = []
         if plan.retrieval_items:
-            keep = [i for i, p in enumerate(plan.retrieval_prompts) if fits(p, context)]
-            its, prompts = [plan.retrieval_items[i] for i in keep], [plan.retrieval_prompts[i] for i in keep]
-            outs = answer(prompts, plan.retrieval_max_new_tokens) if prompts else {n: [] for n in ENGINES}
-            ret = [o for n in ENGINES for o in score_retrieval_items(n, its, prompts, outs[n])]
+            ret = task("retrieval", plan.retrieval_items, plan.retrieval_prompts, plan.retrieval_max_new_tokens,
+                       score_retrieval_items)
             items += ret
-            skipped = len(plan.retrieval_items) - len(keep)
-            accuracy.append(summarize_accuracy("retrieval", ret, skipped, c.flag_points))
             buckets = bucket_accuracy(plan.retrieval_items, ret)
-            log.info("retrieval: %d items answered (%.0f s so far)", len(prompts), time.perf_counter() - t0)
-            if skipped:
-                notes.append(f"retrieval: {skipped} of {len(plan.retrieval_items)} prompts exceed the context "
-                             f"({context} tokens) and were skipped")
 
         # Speed: bandwidth bound and energy meter first, then interleaved repetitions.
         meter = EnergyMeter(device)
