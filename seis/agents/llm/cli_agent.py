@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from .prompt import load_template, render_prompt
 from .redact import Redactor
 from .result import SessionEnd, build_result
 from .settings import LLMSettings
-from .shell import truncate
+from .shell import communicate_or_kill, truncate
 from .transcript import Transcript
 
 REPORT_FILE = "SESSION_REPORT.md"
@@ -110,16 +109,8 @@ class CliAgent:
                                     start_new_session=True)  # its own process group: killable as a whole
         except OSError as e:
             return None, "", "", f"command could not start: {e.strerror or e}"
-        try:
-            out, err = proc.communicate(prompt.encode("utf-8"), timeout=timeout)
-            reason = None
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            out, err = proc.communicate()
-            reason = f"command killed at the wall-clock limit ({timeout:.0f} s)"
+        out, err, timed_out = communicate_or_kill(proc, prompt.encode("utf-8"), timeout)
+        reason = f"command killed at the wall-clock limit ({timeout:.0f} s)" if timed_out else None
         dec = lambda b: (b or b"").decode("utf-8", errors="replace")  # noqa: E731
         return proc.returncode if reason is None else None, dec(out), dec(err), reason
 

@@ -100,14 +100,20 @@ def run_shell(command: str, cwd: Path, timeout_s: float, sandbox: Sandbox, home:
     proc = subprocess.Popen(argv, cwd=real_cwd, env=clean_env(home), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # its own process group: killable as a whole
+    out, _, timed_out = communicate_or_kill(proc, None, timeout_s)
+    return ShellResult(None if timed_out else proc.returncode, truncate(out.decode("utf-8", errors="replace")))
+
+
+def communicate_or_kill(proc: subprocess.Popen, stdin: bytes | None, timeout_s: float
+                        ) -> tuple[bytes, bytes | None, bool]:
+    """(stdout, stderr, timed_out); past the limit the whole process group (start_new_session) is killed."""
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        code: int | None = proc.returncode
+        out, err = proc.communicate(stdin, timeout=timeout_s)
+        return out, err, False
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        out, _ = proc.communicate()
-        code = None
-    return ShellResult(code, truncate(out.decode("utf-8", errors="replace")))
+        out, err = proc.communicate()
+        return out, err, True
