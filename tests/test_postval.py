@@ -52,7 +52,7 @@ def e0_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 TINY = dict(model="tiny-qwen3", device="cpu", cpu_threads=1, gsm8k_items=6, retrieval_items=3, speed_requests=2,
-            dev_requests=1, reps=2, gsm8k_max_new_tokens=24, natural_max_new_tokens=16, fixed_new_tokens=16,
+            fixed_single_requests=1, dev_requests=1, reps=2, gsm8k_max_new_tokens=24, natural_max_new_tokens=16, fixed_new_tokens=16,
             heldout_max_output_len=64, max_batch_size=4)
 
 
@@ -188,8 +188,10 @@ def test_e0_copy_against_vanilla_has_zero_delta_and_speedup_near_one(tiny_runs):
             assert len(c.vanilla.request_latency_s) == c.requests
         else:
             assert c.vanilla.latency is None and c.vanilla.bound_tok_per_s is None
-    fixed = next(c for c in r.speed if c.workload == "fixed-16")
-    assert fixed.ignore_eos and fixed.vanilla.output_lengths.min == 16
+    fixed = {c.mode: c for c in r.speed if c.workload == "fixed-16"}
+    assert fixed["single"].ignore_eos and fixed["single"].vanilla.output_lengths.min == 16
+    # Fixed-length single requests time only the first N prompts; the batch timing takes them all.
+    assert (fixed["single"].requests, fixed["batch"].requests) == (TINY["fixed_single_requests"], TINY["speed_requests"])
     assert r.bandwidth.source.startswith("measured") and r.bandwidth.bytes_per_s > 0
     assert not r.energy_available and "unavailable" in r.energy_note
     assert r.context_tokens == 512 and r.device == "cpu"

@@ -20,6 +20,7 @@ QUICK: dict[str, Any] = {
     "gsm8k_items": 8,
     "retrieval_items": 9,  # one per length bucket
     "speed_requests": 4,
+    "fixed_single_requests": 2,
     "dev_requests": 4,
     "gsm8k_max_new_tokens": 64,
     "natural_max_new_tokens": 64,
@@ -48,7 +49,7 @@ class PostValConfig(BaseModel):
     device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int = Field(32, ge=1)
-    max_seq_len: int | None = Field(None, ge=16)  # default: the model's own context (retrieval needs it)
+    max_seq_len: int | None = Field(None, ge=16)  # default: what the longest request needs, within the model's
     # Intra-op threads of each engine process (OMP_NUM_THREADS). On a shared CPU, 1 keeps timings stable:
     # multi-threaded decode steps stall whenever another process holds one of the cores.
     cpu_threads: int | None = Field(None, ge=1)
@@ -57,7 +58,11 @@ class PostValConfig(BaseModel):
     gsm8k_items: int = Field(660, ge=0)
     retrieval_items: int = Field(270, ge=0)
     speed_requests: int = Field(100, ge=0)
-    dev_requests: int = Field(64, ge=0)
+    # Fixed-length single-request timing uses the first N speed prompts: 100 x 256 tokens x reps x 2 engines one
+    # at a time would double the suite's wall time (natural-length single requests already give the latency
+    # and single-stream numbers); the fixed-length batch timing uses all speed_requests.
+    fixed_single_requests: int = Field(16, ge=0)
+    dev_requests: int = Field(8, ge=0)  # the gate's dev speed size
     heldout: bool = True
     heldout_max_output_len: int | None = Field(None, ge=1)  # drop held-out shapes with longer outputs
     reps: int = Field(3, ge=1, le=100)

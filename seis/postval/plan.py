@@ -45,13 +45,19 @@ class Plan:
     dev_defs: list = field(default_factory=list)
     shapes: tuple = ()
 
+    suite_context: int | None = None  # what the suite's longest request needs (set by _encode)
+
     @property
     def context(self) -> int:
-        """Expected serving context; the built engines report the real one."""
-        return min(self.config.max_seq_len or self.model_context, self.model_context)
+        """Expected serving context; the built engines report the real one.
+
+        Default: what the suite's longest request needs (a retrieval prompt), not the model's whole window:
+        the KV cache is max_batch_size x context per engine, and Qwen3's 40,960 would not fit two engines on
+        one GPU. E0 alone would cap it at 4096, too short for the long retrieval buckets."""
+        want = self.config.max_seq_len or self.suite_context or self.model_context
+        return min(want, self.model_context)
 
     def engine_options(self) -> dict[str, Any]:
-        # Default context: the model's own, so long retrieval prompts fit (E0 alone would cap it at 4096).
         return {**self.config.engine_options(), "max_seq_len": self.context}
 
 
@@ -85,7 +91,6 @@ def prepare_plan(config: PostValConfig) -> Plan:
     model_cfg = json.loads((model_dir / "config.json").read_text())
     plan = Plan(config=config, model_dir=model_dir, model_context=int(model_cfg.get("max_position_embeddings", 4096)),
                 vocab_size=int(model_cfg["vocab_size"]), tokenizer=None)
-    _check_memory(plan)
     try:
         ensure_prepared(plan.config.prepared_dir)
         _load_workloads(plan)
@@ -93,6 +98,7 @@ def prepare_plan(config: PostValConfig) -> Plan:
         raise PostValError(f"prepared workloads: {exc}") from None
     plan.tokenizer = load_tokenizer(model_dir)
     _encode(plan)
+    _check_memory(plan)
     return plan
 
 
@@ -136,6 +142,14 @@ def _encode(plan: Plan) -> None:
     c, tok = plan.config, plan.tokenizer
     plan.gsm8k_prompts = gsm8k_prompts(tok, plan.gsm8k_items)
     plan.retrieval_prompts = retrieval_prompts(tok, plan.retrieval_items)
+    speed_candidates = gsm8k_prompts(tok, plan.speed_source[: c.speed_requests])
+    dev_new = max(plan.natural_max_new_tokens, plan.fixed_new_tokens)
+    needs = [len(p) + plan.gsm8k_max_new_tokens for p in plan.gsm8k_prompts]
+    needs += [len(p) + plan.retrieval_max_new_tokens for p in plan.retrieval_prompts]
+    needs += [len(p) + dev_new for p in speed_candidates]
+    needs += [len(p) + dev_new for _, items in plan.dev_defs for p in gsm8k_prompts(tok, items)]
+    needs += [s.prompt_len + s.output_len for s in plan.shapes]
+    plan.suite_context = -(-max(needs, default=1) // 1024) * 1024  # whole KiB-tokens
     # Speed: the first N test prompts that fit the engines' context (checked again after build).
     ctx = plan.context
     speed: list[list[int]] = []

@@ -75,7 +75,9 @@ def measure(plan: Plan) -> PostValResult:
 
         def answer(prompts: list[list[int]], max_new: int) -> dict[EngineName, list]:
             s = Sampling(max_new_tokens=max_new)  # greedy, EOS on
-            return {n: decode_outputs(plan.tokenizer, engines[n].generate(prompts, s)) for n in ENGINES}
+            with ThreadPoolExecutor(2) as pool:  # untimed: both engines work at once
+                raw = dict(zip(ENGINES, pool.map(lambda n: engines[n].generate(prompts, s), ENGINES), strict=True))
+            return {n: decode_outputs(plan.tokenizer, raw[n]) for n in ENGINES}
 
         def task(name: str, all_items: list, all_prompts: list[list[int]], max_new: int, score) -> list:
             """All prompts of a task in one call per engine; prompts over the context are skipped and counted."""
@@ -111,10 +113,12 @@ def measure(plan: Plan) -> PostValResult:
             notes.append(f"speed: {len(speed_prompts)} of the requested {c.speed_requests} GSM8K prompts fit the "
                          f"context ({context} tokens)")
         if speed_prompts:
-            for wl in (Workload(f"natural-{plan.natural_max_new_tokens}", "test", speed_prompts,
-                                plan.natural_max_new_tokens, False),
-                       Workload(f"fixed-{plan.fixed_new_tokens}", "test", speed_prompts, plan.fixed_new_tokens, True)):
-                speed += _time_workload(engines, wl, ("single", "batch"), c.reps, meter, bound, Sampling)
+            natural = Workload(f"natural-{plan.natural_max_new_tokens}", "test", speed_prompts,
+                               plan.natural_max_new_tokens, False)
+            fixed = Workload(f"fixed-{plan.fixed_new_tokens}", "test", speed_prompts, plan.fixed_new_tokens, True)
+            speed += _time_workload(engines, natural, {"single": None, "batch": None}, c.reps, meter, bound, Sampling)
+            modes = {"single": c.fixed_single_requests, "batch": None} if c.fixed_single_requests else {"batch": None}
+            speed += _time_workload(engines, fixed, modes, c.reps, meter, bound, Sampling)
         workloads: list[SpeedComparison] = []
         for wl in plan.dev + plan.heldout:
             prompts = [p for p in wl.prompts if len(p) + (wl.max_new_tokens if wl.kind == "heldout" else 0)
@@ -123,12 +127,12 @@ def measure(plan: Plan) -> PostValResult:
                 notes.append(f"{wl.name}: does not fit the context ({context} tokens); skipped")
                 continue
             workloads += _time_workload(engines, Workload(wl.name, wl.kind, prompts, wl.max_new_tokens, wl.ignore_eos),
-                                        ("single",), c.reps, meter, bound, Sampling)
+                                        {"single": None}, c.reps, meter, bound, Sampling)
         if any(plan.vocab_size <= t for s in plan.shapes for t in s.token_ids):
             notes.append(f"held-out shape token ids folded into the model's vocabulary ({plan.vocab_size})")
         for comp in speed + workloads:
             if comp.ignore_eos and comp.vanilla.output_lengths.min < comp.max_new_tokens:
-                notes.append(f"{comp.workload}: some requests were cut at the context ({context} tokens) before "
+                notes.append(f"{comp.workload}/{comp.mode}: some requests were cut at the context ({context} tokens) before "
                              f"{comp.max_new_tokens} new tokens")
             for m in (comp.candidate, comp.vanilla):
                 if not m.deterministic:
@@ -146,16 +150,18 @@ def measure(plan: Plan) -> PostValResult:
         energy_available=meter.available, energy_note=meter.note, flags=flags, notes=notes, items=items)
 
 
-def _time_workload(engines, wl: Workload, modes: tuple[str, ...], reps: int, meter: EnergyMeter,
+def _time_workload(engines, wl: Workload, modes: dict[str, int | None], reps: int, meter: EnergyMeter,
                    bound: BoundFn | None, sampling_cls: type) -> list[SpeedComparison]:
+    """Each mode over the workload's first N prompts (None: all of them)."""
     sampling = sampling_cls(max_new_tokens=wl.max_new_tokens, ignore_eos=wl.ignore_eos)
     for n in ENGINES:
         warm_up(engines[n], wl.prompts, sampling_cls)
     out = []
-    for mode in modes:
-        log.info("timing %s (%s), %d requests x %d reps", wl.name, mode, len(wl.prompts), reps)
-        timings = measure_pair(engines, wl.prompts, sampling, mode, reps, meter)
-        out.append(compare(wl.name, wl.kind, mode, sampling, wl.prompts, timings, bound))
+    for mode, limit in modes.items():
+        prompts = wl.prompts[:limit]
+        log.info("timing %s (%s), %d requests x %d reps", wl.name, mode, len(prompts), reps)
+        timings = measure_pair(engines, prompts, sampling, mode, reps, meter)
+        out.append(compare(wl.name, wl.kind, mode, sampling, prompts, timings, bound))
     return out
 
 
