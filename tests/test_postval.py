@@ -285,6 +285,33 @@ def test_library_rejects_bad_input_before_any_work(tmp_path, prepared_dir):
     assert not (tmp_path / "o").exists()  # nothing was written
 
 
+def test_default_context_is_lowered_to_what_two_kv_caches_fit(monkeypatch):
+    from seis.models import resolve_model
+    from seis.postval import plan as plan_mod
+
+    model_dir = resolve_model("tiny-qwen3")
+    per_tok = kv_bytes_per_token(model_dir, "float32")
+    weights = weight_bytes_per_token(model_dir, "float32")
+
+    def plan(**values) -> plan_mod.Plan:  # a long-context model whose suite wants 25,600 tokens
+        config = make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="cpu", max_batch_size=4, **values)
+        return plan_mod.Plan(config=config, model_dir=model_dir, model_context=40960, vocab_size=320, tokenizer=None,
+                             suite_context=25600)
+
+    # Free memory for two caches of 4 x 8,500 tokens (plus the weights' share): the context drops to 8,192.
+    free = (2 * 2 * weights + 2 * per_tok * 4 * 8500) / 0.8
+    monkeypatch.setattr(plan_mod, "_mem_available", lambda: free)
+    p = plan()
+    plan_mod._fit_memory(p)
+    assert p.context == 8192 and "context lowered from 25600 to 8192" in p.notes[0]
+    with pytest.raises(PostValError, match="--max-batch-size or --max-seq-len"):  # explicit: never changed
+        plan_mod._fit_memory(plan(max_seq_len=16384))
+    roomy = plan()
+    monkeypatch.setattr(plan_mod, "_mem_available", lambda: 1000 * free)
+    plan_mod._fit_memory(roomy)
+    assert roomy.context == 25600 and not roomy.notes
+
+
 def seis(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "seis.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)

@@ -121,7 +121,7 @@ class EnergyMeter:
             return
         try:
             pynvml.nvmlInit()
-            self._handle = _nvml_handle(pynvml, device)
+            self._handle = nvml_handle(pynvml, device)
             pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
         except Exception as exc:  # NVML errors (no driver, pre-Volta GPU) only disable the measurement
             self.note = f"energy unavailable: NVML: {exc}"
@@ -136,7 +136,7 @@ class EnergyMeter:
         return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0
 
 
-def _nvml_handle(pynvml, device: str):
+def nvml_handle(pynvml, device: str):
     """The NVML handle of the GPU a child sees as `device`, honouring CUDA_VISIBLE_DEVICES."""
     index = int(device.split(":")[1]) if ":" in device else 0
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bandwidth import kv_bytes_per_token
+from .bandwidth import nvml_handle, kv_bytes_per_token, weight_bytes_per_token
 from .config import PostValConfig, PostValError
 
 
@@ -46,6 +46,8 @@ class Plan:
     shapes: tuple = ()
 
     suite_context: int | None = None  # what the suite's longest request needs (set by _encode)
+    memory_context: int | None = None  # the longest context both engines' KV caches fit in (set by _fit_memory)
+    notes: list[str] = field(default_factory=list)  # said in the result
 
     @property
     def context(self) -> int:
@@ -55,7 +57,7 @@ class Plan:
         the KV cache is max_batch_size x context per engine, and Qwen3's 40,960 would not fit two engines on
         one GPU. E0 alone would cap it at 4096, too short for the long retrieval buckets."""
         want = self.config.max_seq_len or self.suite_context or self.model_context
-        return min(want, self.model_context)
+        return min(want, self.model_context, self.memory_context or want)
 
     def engine_options(self) -> dict[str, Any]:
         return {**self.config.engine_options(), "max_seq_len": self.context}
@@ -98,7 +100,7 @@ def prepare_plan(config: PostValConfig) -> Plan:
         raise PostValError(f"prepared workloads: {exc}") from None
     plan.tokenizer = load_tokenizer(model_dir)
     _encode(plan)
-    _check_memory(plan)
+    _fit_memory(plan)
     return plan
 
 
@@ -175,23 +177,57 @@ def _encode(plan: Plan) -> None:
                                      True))
 
 
-def _check_memory(plan: Plan) -> None:
-    """On a CPU, two engines' KV caches (batch x context each) must fit in RAM; say which flag to lower."""
+MIN_CONTEXT = 2048  # below this even the held-out shapes stop fitting
+
+
+def _fit_memory(plan: Plan) -> None:
+    """Both engines hold a KV cache of max_batch_size x context tokens for the whole run; it must fit.
+
+    A default context is lowered to what fits (longer prompts are then skipped and counted, with a note);
+    an explicit --max-seq-len that does not fit is an error that names the flags to lower.
+    """
     c = plan.config
-    if not _runs_on_cpu(c.device):
-        return
-    dtype = "float32" if c.dtype == "auto" else c.dtype
+    on_cpu = _runs_on_cpu(c.device)
+    dtype = c.dtype if c.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
     try:
         per_tok = kv_bytes_per_token(plan.model_dir, dtype)
-    except (KeyError, ValueError):
+        weights = weight_bytes_per_token(plan.model_dir, dtype)
+    except (KeyError, ValueError, OSError):
+        return
+    free = _mem_available() if on_cpu else _gpu_free(c.device)
+    if not free:
+        return
+    where = "the CPU" if on_cpu else f"GPU {c.device}"
+    # 80 % of what is free, less each engine's weights and about as much again for activations and graphs.
+    budget = 0.8 * free - 2 * 2 * weights
+    fitting = int(budget // (2 * per_tok * c.max_batch_size)) // 1024 * 1024
+    if plan.context <= fitting:
+        return
+    if c.max_seq_len is None and fitting >= MIN_CONTEXT:
+        plan.notes.append(
+            f"context lowered from {plan.context} to {fitting} tokens so that both engines' KV caches "
+            f"(max_batch_size {c.max_batch_size} x context each) fit the {free / 2**30:.0f} GiB free on {where}; "
+            f"a lower --max-batch-size keeps the longest prompts")
+        plan.memory_context = fitting
         return
     need = 2 * per_tok * c.max_batch_size * plan.context
-    avail = _mem_available()
-    if avail and need > 0.8 * avail:
-        raise PostValError(
-            f"the two engines' KV caches need {need / 2**30:.1f} GiB on the CPU (max_batch_size "
-            f"{c.max_batch_size} x context {plan.context} each) but only "
-            f"{avail / 2**30:.1f} GiB is available; lower --max-batch-size or --max-seq-len (or use --quick)")
+    raise PostValError(
+        f"the two engines' KV caches need {need / 2**30:.1f} GiB on {where} (max_batch_size "
+        f"{c.max_batch_size} x context {plan.context} each) but only {free / 2**30:.1f} GiB is free; "
+        f"lower --max-batch-size or --max-seq-len (or use --quick)")
+
+
+def _gpu_free(device: str) -> int | None:
+    """Free bytes on the GPU the engines will use, from NVML (the parent process never initialises CUDA)."""
+    try:
+        import pynvml  # nvidia-ml-py; optional
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml_handle(pynvml, device)).free)
+    except Exception:  # NVML trouble only skips the check; the engines then report real OOMs
+        return None
 
 
 def _runs_on_cpu(device: str) -> bool:

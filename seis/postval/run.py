@@ -53,7 +53,7 @@ def measure(plan: Plan) -> PostValResult:
     c = plan.config
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
-    notes: list[str] = []
+    notes: list[str] = list(plan.notes)
     opts, env = plan.engine_options(), c.engine_env()
     with ExitStack() as stack:
         engines: dict[EngineName, EngineProcess] = {
