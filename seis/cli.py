@@ -118,7 +118,7 @@ def post_validate(
     retrieval_items: Optional[int] = typer.Option(None, "--retrieval-items", help="Retrieval items (max 270)."),
     speed_requests: Optional[int] = typer.Option(None, "--speed-requests", help="GSM8K requests timed (default 100)."),
     fixed_single_requests: Optional[int] = typer.Option(
-        None, "--fixed-single-requests", help="Of those, timed one at a time at fixed length (default 16)."),
+        None, "--fixed-single-requests", help="Of those, timed one at a time at fixed length (default 8)."),
     dev_requests: Optional[int] = typer.Option(None, "--dev-requests", help="Dev prompts per dev workload (default 8)."),
     reps: Optional[int] = typer.Option(None, "--reps", help="Timed repetitions per engine (default 3)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),

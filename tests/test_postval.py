@@ -299,7 +299,7 @@ def test_default_context_is_lowered_to_what_two_kv_caches_fit(monkeypatch):
                              suite_context=25600)
 
     # Free memory for two caches of 4 x 8,500 tokens (plus the weights' share): the context drops to 8,192.
-    free = (2 * 2 * weights + 2 * per_tok * 4 * 8500) / 0.8
+    free = (2 * (2 * weights + 2**31) + 2 * per_tok * 4 * 8500) / 0.8
     monkeypatch.setattr(plan_mod, "_mem_available", lambda: free)
     p = plan()
     plan_mod._fit_memory(p)

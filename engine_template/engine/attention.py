@@ -31,11 +31,14 @@ class TorchAttention:
         for i, (ext, seq_len) in enumerate(zip(batch.extend_lens, batch.seq_lens_host)):
             slots = _slots(batch.page_table[i : i + 1], kv.page_size)[0, :seq_len]
             k, v = kv.k[layer].index_select(0, slots), kv.v[layer].index_select(0, slots)
-            q_pos = torch.arange(seq_len - ext, seq_len, device=q.device)
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # causal, offset by the prefix
+            if ext == seq_len:  # no cached prefix: plain causal, which SDPA runs as flash attention (no L x L mask)
+                mask, causal = None, True
+            else:  # rows after a cached prefix: causal offset by the prefix
+                q_pos = torch.arange(seq_len - ext, seq_len, device=q.device)
+                mask, causal = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None], False
             o = F.scaled_dot_product_attention(
                 q[start : start + ext].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                attn_mask=mask, enable_gqa=True)
+                attn_mask=mask, is_causal=causal, enable_gqa=True)
             out[start : start + ext] = o.transpose(0, 1)
             start += ext
         return out.flatten(1)

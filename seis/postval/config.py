@@ -61,7 +61,7 @@ class PostValConfig(BaseModel):
     # Fixed-length single-request timing uses the first N speed prompts: 100 x 256 tokens x reps x 2 engines one
     # at a time would double the suite's wall time (natural-length single requests already give the latency
     # and single-stream numbers); the fixed-length batch timing uses all speed_requests.
-    fixed_single_requests: int = Field(16, ge=0)
+    fixed_single_requests: int = Field(8, ge=0)
     dev_requests: int = Field(8, ge=0)  # the gate's dev speed size
     heldout: bool = True
     heldout_max_output_len: int | None = Field(None, ge=1)  # drop held-out shapes with longer outputs

@@ -198,8 +198,8 @@ def _fit_memory(plan: Plan) -> None:
     if not free:
         return
     where = "the CPU" if on_cpu else f"GPU {c.device}"
-    # 80 % of what is free, less each engine's weights and about as much again for activations and graphs.
-    budget = 0.8 * free - 2 * 2 * weights
+    # 80 % of what is free, less each engine's weights, as much again and 2 GiB for activations and graphs.
+    budget = 0.8 * free - 2 * (2 * weights + 2**31)
     fitting = int(budget // (2 * per_tok * c.max_batch_size)) // 1024 * 1024
     if plan.context <= fitting:
         return
