@@ -120,6 +120,7 @@ def post_validate(
     fixed_single_requests: Optional[int] = typer.Option(
         None, "--fixed-single-requests", help="Of those, timed one at a time at fixed length (default 8)."),
     dev_requests: Optional[int] = typer.Option(None, "--dev-requests", help="Dev prompts per dev workload (default 8)."),
+    heldout: bool = typer.Option(True, "--heldout/--no-heldout", help="Time the held-out shapes too."),
     reps: Optional[int] = typer.Option(None, "--reps", help="Timed repetitions per engine (default 3)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Engine option (default 32)."),
@@ -142,7 +143,7 @@ def post_validate(
     out = out or Path("runs/postval") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     values = {"engine_dir": engine or out / "engine", "model": model, "out_dir": out, "device": device,
               "gsm8k_items": gsm8k_items, "retrieval_items": retrieval_items, "speed_requests": speed_requests,
-              "fixed_single_requests": fixed_single_requests, "dev_requests": dev_requests, "reps": reps,
+              "fixed_single_requests": fixed_single_requests, "dev_requests": dev_requests, "heldout": heldout, "reps": reps,
               "max_batch_size": max_batch_size, "max_seq_len": max_seq_len, "cpu_threads": cpu_threads,
               "bandwidth_gbs": bandwidth_gbs, "reported_dev_speedup": dev_speedup, "prepared_dir": prepared_dir,
               "quick": quick}

@@ -197,6 +197,12 @@ def test_bad_model_dirs(E, tmp_path):
 def test_bfloat16_on_cpu_follows_float32(E):
     model_dir = resolve_model("tiny-qwen3")
     sp = E.SamplingParams(max_new_tokens=12, ignore_eos=True)
-    runs = [E.Engine(model_dir, E.EngineOptions(dtype=dt, max_batch_size=2, max_seq_len=128)).build()
-            .generate([[1, 2, 3, 4, 5, 6]], sp)[0].token_ids for dt in ("bfloat16", "float32")]
-    assert runs[0] == runs[1]
+    bf16, fp32 = (E.Engine(model_dir, E.EngineOptions(dtype=dt, max_batch_size=2, max_seq_len=128)).build()
+                  for dt in ("bfloat16", "float32"))
+    prompt = [1, 2, 3, 4, 5, 6]
+    ref = fp32.generate([prompt], sp)[0].token_ids
+    # Greedy paths may part at a near-tie after a while; teacher-forced on fp32's tokens, bf16 must agree.
+    assert bf16.generate([prompt], sp)[0].token_ids[:8] == ref[:8]
+    a, b = (e.score([prompt], [ref], top_k=1)[0] for e in (bf16, fp32))
+    assert sum(x[0] == y[0] for x, y in zip(a.top_ids, b.top_ids)) >= len(ref) - 1
+    assert max(abs(x - y) for x, y in zip(a.token_logprobs, b.token_logprobs)) < 0.1

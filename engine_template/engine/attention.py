@@ -36,10 +36,11 @@ class TorchAttention:
             else:  # rows after a cached prefix: causal offset by the prefix
                 q_pos = torch.arange(seq_len - ext, seq_len, device=q.device)
                 mask, causal = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None], False
+            # 4-D [1, H, L, D]: SDPA's fused kernels refuse 3-D inputs and would fall back to L x L scores.
             o = F.scaled_dot_product_attention(
-                q[start : start + ext].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                q[start : start + ext].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                 attn_mask=mask, is_causal=causal, enable_gqa=True)
-            out[start : start + ext] = o.transpose(0, 1)
+            out[start : start + ext] = o[0].transpose(0, 1)
             start += ext
         return out.flatten(1)
 

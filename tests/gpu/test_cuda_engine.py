@@ -150,3 +150,20 @@ def test_seeded_sampling_reproducible_on_gpu():
     alone = eng.generate([[1, 2, 3]], sp)[0].token_ids
     batched = eng.generate([[1, 2, 3], [4] * 50], [sp, E.SamplingParams(max_new_tokens=10, temperature=1.0, seed=1)])
     assert batched[0].token_ids == alone
+
+
+def test_long_prefill_runs_as_flash_attention():
+    """A 16k-token prompt prefills through SDPA's flash kernel: with every other SDPA backend disabled the
+    call would raise, and the math fallback would need 16 x L x L scores (8 GiB) per layer."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model_dir = resolve_model("qwen3-0.6b-random")
+    eng = E.Engine(model_dir, E.EngineOptions(max_batch_size=1, max_seq_len=16384 + 8,
+                                              use_cuda_graphs=False)).build()
+    prompt = torch.randint(100, 20000, (16384,), generator=torch.Generator().manual_seed(1)).tolist()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = eng.generate([prompt], E.SamplingParams(max_new_tokens=2, ignore_eos=True))[0]
+    assert len(out.token_ids) == 2
+    assert torch.cuda.max_memory_allocated() - before < 2 * 2**30
