@@ -50,11 +50,14 @@ def _bars(ax: Any, comps: list[SpeedComparison], title: str, show_bound: bool) -
     tops = [m.tok_per_s.max for c in comps for m in (c.vanilla, c.candidate)]
     if show_bound and bounds and max(bounds) > 5 * max(tops):  # far-off bound: keep the bars readable
         ax.set_yscale("log")
+    else:
+        ax.margins(y=0.3)  # room for the speedup labels and the legend above the bars
     ax.set_xticks(range(len(comps)), [c.workload for c in comps], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("tokens / s")
     ax.set_title(title, fontsize=10)
     if comps:
-        ax.legend(fontsize=8)
+        log = ax.get_yscale() == "log"
+        ax.legend(fontsize=8, loc="center right" if log else "upper left", ncols=1 if log else 3)
 
 
 def plot_throughput(result: PostValResult, path: str | Path) -> str:
