@@ -116,7 +116,7 @@ class SpeedRow(_Model):
     tokens_per_pass: float
     tok_per_s: SpeedStat | None     # None: the engine failed during the measurement
     latency_ms: SpeedStat | None    # per-request latency (median over the requests of a pass)
-    vs_parent: float | None = None  # median tok/s ratio
+    vs_parent: float | None = None  # median of paired per-request tok/s ratios
     vs_vanilla: float | None = None
     error: str | None = None
 
