@@ -95,6 +95,7 @@ def test_result_records_calibration_hashes_and_round_trips(e0_gate: GateResult) 
 def test_speed_is_interleaved_with_ratios(e0_gate: GateResult) -> None:
     speed = e0_gate.speed
     assert speed is not None and speed.reps == 3
+    assert speed.pinned_cpu == max(os.sched_getaffinity(0))  # the three engine processes shared one CPU
     assert {w.name for w in speed.workloads} == {"dev-natural@8", "dev-fixed256@8"}
     for wl in speed.workloads:
         rows = {r.engine: r for r in speed.rows if r.workload == wl.name}
@@ -112,7 +113,7 @@ def test_speed_is_interleaved_with_ratios(e0_gate: GateResult) -> None:
 class _ScriptedEngine:
     """Answers every request with `tokens` tokens after `seconds` (one call may be made slow); logs call order."""
 
-    usable, failures = True, []
+    usable, failures, pid = True, [], None
 
     def __init__(self, name: str, seconds: float, log: list, slow_call: int | None = None):
         self.name, self.seconds, self.log, self.slow_call, self.calls = name, seconds, log, slow_call, 0
@@ -149,6 +150,24 @@ def test_speed_interleaves_per_request_and_pairs_ratios() -> None:
     assert rows["parent"].tok_per_s.min < 0.5 * rows["parent"].tok_per_s.max
     assert rows["candidate"].vs_parent == pytest.approx(2.0, rel=0.25)
     assert rows["parent"].vs_vanilla == pytest.approx(1.0, rel=0.25)
+
+
+def test_timed_processes_share_one_cpu_and_get_their_masks_back() -> None:
+    import subprocess
+    import sys
+
+    from seis.engine_host.affinity import pinned_together
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    try:
+        before = [os.sched_getaffinity(p.pid) for p in procs]
+        with pinned_together([p.pid for p in procs]) as cpu:
+            assert cpu == max(os.sched_getaffinity(0))
+            assert all(os.sched_getaffinity(p.pid) == {cpu} for p in procs)
+        assert [os.sched_getaffinity(p.pid) for p in procs] == before
+    finally:
+        for p in procs:
+            p.kill()
 
 
 def test_engine_process_runs_isolated_from_a_snapshot(e0_gate: GateResult) -> None:

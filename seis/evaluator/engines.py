@@ -75,6 +75,10 @@ class EngineHandle:
         return self.build_info is not None and not self.timed_out and self.proc.proc is not None \
             and self.proc.proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.proc.pid if self.usable else None
+
     def start(self) -> None:
         self.proc.start()
 

@@ -127,6 +127,7 @@ class SpeedTable(_Model):
     method: str
     workloads: list[SpeedWorkloadInfo]
     rows: list[SpeedRow]
+    pinned_cpu: int | None = None  # the one CPU all engine processes shared while timed; None: unpinned
 
 
 class GateResult(_Model):

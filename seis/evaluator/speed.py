@@ -12,6 +12,7 @@ import statistics
 import time
 
 from ..benchmarks.stats import summarize
+from ..engine_host.affinity import pinned_together
 from .config import SpeedConfig
 from .engines import EngineHandle
 from .schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
@@ -51,7 +52,16 @@ def _paired_ratio(a: list[list[Timing]], b: list[list[Timing]]) -> float:
 
 def measure_speed(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], cfg: SpeedConfig,
                   device: str) -> SpeedTable:
-    """engines: name -> handle (candidate, parent, vanilla); the rotation starts with the first."""
+    """engines: name -> handle (candidate, parent, vanilla); the rotation starts with the first. The engine
+    processes share one CPU while they are timed (seis.engine_host.affinity says why)."""
+    pids = [h.pid for h in engines.values() if h.pid is not None]
+    with pinned_together(pids) as cpu:
+        table = _measure(engines, workloads, cfg, device)
+    return table.model_copy(update={"pinned_cpu": cpu})
+
+
+def _measure(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], cfg: SpeedConfig,
+             device: str) -> SpeedTable:
     rows: list[SpeedRow] = []
     names = list(engines)
     for wl in workloads:

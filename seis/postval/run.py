@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+from ..engine_host.affinity import pinned_together
 from .accuracy import (
     bucket_accuracy,
     decode_outputs,
@@ -109,6 +110,10 @@ def measure(plan: Plan) -> PostValResult:
         bandwidth, bound = (_bandwidth(plan, built, device, notes) if speed_prompts or plan.dev or plan.heldout
                             else (None, None))
         speed: list[SpeedComparison] = []
+        if speed_prompts or plan.dev or plan.heldout:  # one shared CPU for all timings (see engine_host.affinity)
+            cpu = stack.enter_context(pinned_together([engines[n].proc.pid for n in ENGINES]))
+            notes.append(f"timed engine processes shared CPU {cpu}" if cpu is not None else
+                         "engine processes could not be pinned to one CPU: timings more exposed to CPU placement")
         if len(speed_prompts) < c.speed_requests:
             notes.append(f"speed: {len(speed_prompts)} of the requested {c.speed_requests} GSM8K prompts fit the "
                          f"context ({context} tokens)")
