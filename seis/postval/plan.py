@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bandwidth import nvml_handle, kv_bytes_per_token, weight_bytes_per_token
+from .bandwidth import kv_bytes_per_token, nvml_handle, weight_bytes_per_token
 from .config import PostValConfig, PostValError
 
 
