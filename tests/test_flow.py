@@ -53,7 +53,8 @@ def _library(tmp_path: Path, *names: str, broken: bool = False) -> Path:
     return lib
 
 
-def test_sync_chain_lineage_and_fan_in(harness, tmp_path):
+# Flows that gate take `prepared_dir`: the gates read the prepared workloads (made from the GSM8K source).
+def test_sync_chain_lineage_and_fan_in(harness, tmp_path, prepared_dir):
     lib = _library(tmp_path, "batched-scoring", "decode-pinned-metadata")
     df = _run(tmp_path, protocol="sync-chain", chains=2, sessions=2, sync_every=1, agent_library=lib)
     store = SnapshotStore(tmp_path / "store")
@@ -83,7 +84,7 @@ def test_sync_chain_lineage_and_fan_in(harness, tmp_path):
     assert (tmp_path / "run" / "figures" / "chain_speedups.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_chain_rejected_candidate_keeps_parent_and_is_not_retried(harness, tmp_path):
+def test_chain_rejected_candidate_keeps_parent_and_is_not_retried(harness, tmp_path, prepared_dir):
     lib = _library(tmp_path, broken=True)
     df = _run(tmp_path, protocol="chain", chains=1, sessions=2, agent_library=lib).set_index("session")
     vanilla = SnapshotStore(tmp_path / "store").put(ENGINE_TEMPLATE)
@@ -94,7 +95,8 @@ def test_chain_rejected_candidate_keeps_parent_and_is_not_retried(harness, tmp_p
     assert df.loc[1, "verdict"] == "no_change" and df.loc[1, "applied"] == ""   # never retried
 
 
-def test_branching_sessions_all_start_from_vanilla_and_the_best_is_post_validated(harness, tmp_path):
+def test_branching_sessions_all_start_from_vanilla_and_the_best_is_post_validated(harness, tmp_path,
+                                                                                   prepared_dir):
     lib = _library(tmp_path, "batched-scoring", "decode-pinned-metadata")
     df = _run(tmp_path, protocol="branching", chains=2, sessions=1, agent_library=lib, post_validate="quick")
     vanilla = SnapshotStore(tmp_path / "store").put(ENGINE_TEMPLATE)
