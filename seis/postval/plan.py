@@ -145,28 +145,28 @@ def _encode(plan: Plan) -> None:
     plan.gsm8k_prompts = gsm8k_prompts(tok, plan.gsm8k_items)
     plan.retrieval_prompts = retrieval_prompts(tok, plan.retrieval_items)
     speed_candidates = gsm8k_prompts(tok, plan.speed_source[: c.speed_requests])
+    dev_prompts = [(wl, gsm8k_prompts(tok, items)) for wl, items in plan.dev_defs]
     dev_new = max(plan.natural_max_new_tokens, plan.fixed_new_tokens)
     needs = [len(p) + plan.gsm8k_max_new_tokens for p in plan.gsm8k_prompts]
     needs += [len(p) + plan.retrieval_max_new_tokens for p in plan.retrieval_prompts]
     needs += [len(p) + dev_new for p in speed_candidates]
-    needs += [len(p) + dev_new for _, items in plan.dev_defs for p in gsm8k_prompts(tok, items)]
+    needs += [len(p) + dev_new for _, prompts in dev_prompts for p in prompts]
     needs += [s.prompt_len + s.output_len for s in plan.shapes]
     plan.suite_context = -(-max(needs, default=1) // 1024) * 1024  # whole KiB-tokens
     # Speed: the first N test prompts that fit the engines' context (checked again after build).
     ctx = plan.context
     speed: list[list[int]] = []
-    for item in plan.speed_source:
+    for i, item in enumerate(plan.speed_source):
         if len(speed) >= c.speed_requests:
             break
-        p = gsm8k_prompts(tok, [item])[0]
+        p = speed_candidates[i] if i < len(speed_candidates) else gsm8k_prompts(tok, [item])[0]
         if fits(p, ctx):
             speed.append(p)
     plan.speed_prompts = speed
-    for wl, items in plan.dev_defs:
+    for wl, prompts in dev_prompts:
         new = plan.fixed_new_tokens if wl.ignore_eos else plan.natural_max_new_tokens
         name = f"dev-fixed{new}" if wl.ignore_eos else "dev-natural"
-        plan.dev.append(Workload(name, "dev", [p for p in gsm8k_prompts(tok, items) if fits(p, ctx)], new,
-                                 wl.ignore_eos))
+        plan.dev.append(Workload(name, "dev", [p for p in prompts if fits(p, ctx)], new, wl.ignore_eos))
     for s in plan.shapes:
         if c.heldout_max_output_len and s.output_len > c.heldout_max_output_len:
             continue

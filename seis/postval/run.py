@@ -137,8 +137,8 @@ def measure(plan: Plan) -> PostValResult:
             notes.append(f"held-out shape token ids folded into the model's vocabulary ({plan.vocab_size})")
         for comp in speed + workloads:
             if comp.ignore_eos and comp.vanilla.output_lengths.min < comp.max_new_tokens:
-                notes.append(f"{comp.workload}/{comp.mode}: some requests were cut at the context ({context} tokens) before "
-                             f"{comp.max_new_tokens} new tokens")
+                notes.append(f"{comp.workload}/{comp.mode}: some requests were cut at the context ({context} "
+                             f"tokens) before {comp.max_new_tokens} new tokens")
             for m in (comp.candidate, comp.vanilla):
                 if not m.deterministic:
                     notes.append(f"{comp.workload}/{comp.mode}: {m.engine} outputs differ between repetitions")

@@ -1,7 +1,9 @@
 """Timed generation through the engine processes, and the statistics of repeated timings.
 
 Repetitions alternate the engine order (A B, B A, A B, ...) so slow drift (thermal, clocks, other load)
-falls on both engines alike; throughput counts generated tokens over wall time, prefill included.
+falls on both engines alike; throughput counts generated tokens over wall time, prefill included. Unlike the
+gate (per-request interleaving), whole passes alternate here: NVML's energy counter can only be attributed to an
+engine over a stretch in which that engine alone ran.
 """
 from __future__ import annotations
 
