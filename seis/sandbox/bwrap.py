@@ -1,0 +1,155 @@
+"""The bubblewrap command line for a policy: namespaces, the read-only system view, and the user switch.
+
+Run as root, bwrap builds the mount, PID, IPC, UTS and network namespaces with root's privileges, then
+`setpriv` (util-linux) becomes the sandbox's own unprivileged user with no capabilities, an empty bounding set
+and no_new_privs, and execs the command. Run as an ordinary user, bwrap makes a user namespace as well and drops
+every capability itself. Either way the process cannot unmount, remount or see anything the policy did not name.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from glob import glob
+from pathlib import Path
+
+from .policy import SandboxPolicy
+
+# The read-only system: programs, libraries, compilers (Triton and FlashInfer build at run time), and the few
+# /etc files that the loader, Python and compilers read. /etc as a whole, /home, /root, /run, /var, /srv,
+# /mnt and /media are never shown.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "nsswitch.conf", "localtime",
+             "os-release", "ssl", "ca-certificates", "mime.types", "gai.conf", "host.conf")
+HOSTNAME = "seis-sandbox"
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap (or setpriv, as root) is missing or cannot create namespaces on this host."""
+
+
+INSTALL_HINT = "install the Debian/Ubuntu package `bubblewrap` (apt-get install bubblewrap; scripts/setup.sh does)"
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_version() -> str:
+    """'bubblewrap X.Y.Z' once it is known to start a sandbox here; SandboxUnavailable otherwise."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        raise SandboxUnavailable(f"no `bwrap` on PATH: {INSTALL_HINT}")
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        raise SandboxUnavailable("no `setpriv` on PATH (util-linux): needed to drop root inside the sandbox")
+    probe = [exe, *namespace_args(root=os.geteuid() == 0), *system_args(), "--proc", "/proc", "--dev", "/dev",
+             "--", *user_switch(61999), "/bin/true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SandboxUnavailable(f"bwrap did not start: {e}") from None
+    if done.returncode != 0:
+        raise SandboxUnavailable(f"bwrap cannot create its namespaces here: {done.stderr.strip()[:300]} "
+                                 f"(in a container, allow user namespaces or run it privileged)")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
+    return version or "bubblewrap"
+
+
+def namespace_args(root: bool) -> list[str]:
+    ns = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
+          "--hostname", HOSTNAME, "--die-with-parent", "--new-session"]
+    return ns if root else [*ns, "--unshare-user", "--cap-drop", "ALL"]
+
+
+def user_switch(uid: int | None) -> list[str]:
+    """As root: become `uid` with nothing left of root. Unprivileged: bwrap already dropped everything."""
+    if uid is None:
+        return []
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+
+
+def _show(path: str, writable: bool = False) -> list[str]:
+    """Mount host `path` at the same place; a symlink (merged /usr) is recreated as that symlink."""
+    p = Path(path)
+    if p.is_symlink():
+        return ["--symlink", os.readlink(p), path]
+    if not p.exists():
+        return []
+    return ["--bind" if writable else "--ro-bind", path, path]
+
+
+def python_paths(forbidden: tuple[Path, ...]) -> list[str]:
+    """Where this interpreter and its packages live (a venv's base too), plus PYTHONPATH and library-path
+    entries the operator set, except anything inside or above a forbidden path (the project checkout)."""
+    found = [sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).resolve().parents[1])]
+    for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "CPATH"):
+        found += [p for p in os.environ.get(var, "").split(os.pathsep) if p]
+    out: list[str] = []
+    for raw in found:
+        path = Path(raw).resolve()
+        if not path.exists() or str(path) in out or any(_overlaps(path, f) for f in forbidden):
+            continue
+        if any(str(path).startswith(s + "/") or str(path) == s for s in ("/usr", "/lib", "/lib64", "/bin")):
+            continue  # already in the system view
+        out.append(str(path))
+    return sorted(out, key=len)  # parents before children
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    b = b.resolve()
+    return a == b or b in a.parents or a in b.parents
+
+
+def system_args() -> list[str]:
+    args: list[str] = []
+    for d in SYSTEM_DIRS:
+        args += _show(d)
+    for name in ETC_FILES:
+        args += _show(f"/etc/{name}")
+    return args
+
+
+def _mounts(mounts: list[tuple[str, str, bool]]) -> list[str]:
+    """(src, dest, writable) binds, parents first. Missing parent directories are made world-readable: bwrap
+    would otherwise copy the host's mode (/root is 0700), leaving the sandbox user unable to traverse them."""
+    mounts = sorted(mounts, key=lambda m: m[1].count("/"))
+    under_mount = ("/usr", "/sys", "/proc", "/dev", *(m[1] for m in mounts))
+    made: set[str] = {"/", "/tmp", "/etc"}
+    args: list[str] = []
+    for src, dest, writable in mounts:
+        for parent in reversed(Path(dest).parents):
+            p = str(parent)
+            if p in made or any(p == m or p.startswith(m + "/") for m in under_mount if m != dest):
+                continue
+            args += ["--perms", "0755", "--dir", p]
+            made.add(p)
+        args += ["--bind" if writable else "--ro-bind", src, dest]
+    return args
+
+
+def gpu_args() -> list[str]:
+    args: list[str] = []
+    for dev in sorted(glob("/dev/nvidia*")) + sorted(glob("/dev/nvidia-caps/*")):
+        if not os.path.isdir(dev):
+            args += ["--dev-bind", dev, dev]
+    return args
+
+
+def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: int,
+            forbidden: tuple[Path, ...]) -> list[str]:
+    """The full bwrap invocation running argv under policy (uid: the sandbox user, or None when unprivileged)."""
+    lim = policy.limits
+    args = ["bwrap", *namespace_args(root=uid is not None), *system_args(),
+            "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--tmpfs", "/dev/shm",
+            "--perms", "1777", "--size", str(lim.scratch_bytes), "--tmpfs", "/tmp",
+            "--perms", "1777", "--dir", "/tmp/home"]
+    if policy.gpu:
+        args += gpu_args()
+    mounts = [(p, p, False) for p in python_paths(forbidden)]
+    mounts += [(str(b.src), b.dest, b.writable) for b in policy.binds]
+    args += _mounts(mounts)
+    args += ["--chdir", policy.cwd, "--info-fd", str(info_fd), "--clearenv"]
+    for key, value in sorted(policy.env.items()):
+        args += ["--setenv", key, value]
+    return [*args, "--", *user_switch(uid), *argv]

@@ -1,0 +1,69 @@
+"""What a sandboxed process may see and use: a declarative policy, validated before anything starts.
+
+A policy names every path the process will see. Anything not named is never mounted, so it does not exist
+inside the sandbox (there is nothing to unmount or to reach through /proc). The environment is built from an
+allow-list, so API keys, proxies and tokens of the caller never arrive.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Variables that locate Python packages and devices the way the operator set them up. Nothing else passes:
+# no *_API_KEY, *_TOKEN, proxies, PYTHONSTARTUP, HOME or anything naming the caller's files.
+ENV_KEEP = frozenset({"LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CPATH"})
+ENV_KEEP_PREFIXES = ("LC_", "CUDA_VISIBLE", "CUDA_DEVICE", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_CUDA_ARCH",
+                     "OMP_", "MKL_", "OPENBLAS_", "TORCH_SYMM")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment reduced to the allow-list, plus the offline switches."""
+    environ = os.environ if environ is None else environ
+    kept = {k: v for k, v in environ.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
+    return {**kept, **OFFLINE_ENV}
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host path shown at `dest` inside the sandbox."""
+
+    src: Path
+    dest: str
+    writable: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.dest.startswith("/"):
+            raise ValueError(f"sandbox mount point {self.dest!r} must be absolute")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-process limits, inherited by everything the sandboxed process starts."""
+
+    max_processes: int = 2048              # RLIMIT_NPROC of the sandbox's own user (threads count)
+    memory_bytes: int | None = None        # RLIMIT_AS; None on CUDA, whose address space reservation is huge
+    max_file_bytes: int = 4 * 2**30        # RLIMIT_FSIZE: no single file (logs, caches) past this
+    scratch_bytes: int = 8 * 2**30         # size of the private /tmp (RAM-backed, gone with the sandbox)
+    open_files: int = 65536
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    binds: tuple[Bind, ...]                # beyond the read-only system view
+    env: Mapping[str, str] = field(default_factory=dict)  # exactly what the process gets (see allowed_env)
+    cwd: str = "/tmp"
+    gpu: bool = False                      # pass the /dev/nvidia* nodes through
+    limits: Limits = Limits()
+
+    def __post_init__(self) -> None:
+        for b in self.binds:
+            if not b.src.exists():
+                raise ValueError(f"sandbox source {b.src} does not exist")
+        dests = [b.dest for b in self.binds]
+        if len(set(dests)) != len(dests):
+            raise ValueError(f"two sandbox mounts share a mount point: {dests}")

@@ -1,0 +1,257 @@
+"""A process tree in its own sandbox: started from a policy, frozen and thawed as a whole, killed as a whole.
+
+Membership is the sandbox's PID namespace: every process the command starts (double forks and `setsid` ones
+included) lives in it, and killing the namespace's first process makes the kernel kill all the others. `close`
+returns only when no process of the namespace is left, so a caller that has closed its sandboxes knows no
+untrusted code is running any more.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import resource
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import bwrap
+from .policy import SAFE_PATH, SandboxPolicy
+
+UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), never a real account
+_LOCK_DIR = Path(tempfile.gettempdir()) / "seis-sandbox-uids"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be started, or a process of it could not be ended."""
+
+
+def _processes() -> Iterator[int]:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            yield int(name)
+
+
+def _alive(pid: int) -> bool:
+    """Zombies count as gone: they run nothing, and an orphaned sandbox init waits as a zombie until the host's
+    init reaps it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _pid_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class _UidLease:
+    """An exclusive host uid for one sandbox: a held flock per uid, released with the lease (or the process)."""
+
+    def __init__(self):
+        _LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        for uid in range(UID_BASE, UID_BASE + UID_COUNT):
+            fd = os.open(_LOCK_DIR / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            _kill_uid(uid)  # leftovers of a sandbox whose owner was killed before it could clean up
+            return
+        raise SandboxError(f"all {UID_COUNT} sandbox uids are in use")
+
+    def release(self) -> None:
+        os.close(self._fd)
+
+
+def _uid_processes(uid: int) -> list[int]:
+    return [pid for pid in _processes() if _uid_of(pid) == uid and _alive(pid)]
+
+
+def _kill_uid(uid: int) -> None:
+    for pid in _uid_processes(uid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _limit_setter(policy: SandboxPolicy):
+    lim = policy.limits
+    wanted = [(resource.RLIMIT_NPROC, lim.max_processes), (resource.RLIMIT_FSIZE, lim.max_file_bytes),
+              (resource.RLIMIT_NOFILE, lim.open_files), (resource.RLIMIT_CORE, 0)]
+    if lim.memory_bytes is not None:
+        wanted.append((resource.RLIMIT_AS, lim.memory_bytes))
+    items = []
+    for which, value in wanted:  # never above the current hard limit
+        hard = resource.getrlimit(which)[1]
+        items.append((which, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+
+    def apply() -> None:  # between fork and exec: setrlimit only
+        for which, value in items:
+            resource.setrlimit(which, (value, value))
+    return apply
+
+
+class SandboxedProcess:
+    """`argv` under `policy`. stdin/stdout are pipes; stderr goes to `stderr` (a file object) or is discarded.
+
+    forbidden: host paths that must not be visible even indirectly (the project checkout): interpreter and
+    library paths inside them are left out of the system view."""
+
+    def __init__(self, argv: list[str], policy: SandboxPolicy, *, stderr=None, forbidden: tuple[Path, ...] = ()):
+        self.argv, self.policy, self.forbidden = list(argv), policy, forbidden
+        self.stderr = stderr
+        self.proc: subprocess.Popen | None = None
+        self.uid: int | None = None
+        self.init_pid: int | None = None   # the namespace's first process, as the host sees it
+        self._ns: str | None = None
+        self._lease: _UidLease | None = None
+
+    @property
+    def description(self) -> str:
+        who = f"uid {self.uid}" if self.uid is not None else "an unprivileged user namespace"
+        return (f"{bwrap.bwrap_version()}: {who}, no capabilities, no_new_privs; own PID, mount, IPC, UTS and "
+                f"network namespaces (loopback only)")
+
+    def start(self) -> subprocess.Popen:
+        bwrap.bwrap_version()  # SandboxUnavailable with the install hint, before anything else
+        if os.geteuid() == 0:
+            self._lease = _UidLease()
+            self.uid = self._lease.uid
+            for b in self.policy.binds:
+                if b.writable:
+                    _chown_tree(b.src, self.uid)
+        env = {"PATH": SAFE_PATH, "HOME": "/tmp/home", "USER": "sandbox", "LOGNAME": "sandbox",
+               **self.policy.env}
+        policy = SandboxPolicy(self.policy.binds, env, self.policy.cwd, self.policy.gpu, self.policy.limits)
+        read_fd, write_fd = os.pipe()
+        try:
+            cmd = bwrap.command(policy, self.argv, self.uid, write_fd, self.forbidden)
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.stderr if self.stderr is not None else subprocess.DEVNULL,
+                                         pass_fds=(write_fd,), start_new_session=True,
+                                         preexec_fn=_limit_setter(policy))
+        except BaseException:
+            os.close(read_fd)
+            self._release()
+            raise
+        finally:
+            os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as info:
+            raw = info.read()  # bwrap writes {"child-pid": N} once the namespaces exist, then closes it
+        try:
+            self.init_pid = int(json.loads(raw)["child-pid"])
+            self._ns = _pid_ns(self.init_pid)
+        except (ValueError, KeyError, TypeError):
+            self.proc.wait()
+            self._release()
+            raise SandboxError(f"the sandbox did not start (bwrap exit {self.proc.returncode}); "
+                               f"see the process's stderr") from None
+        return self.proc
+
+    # --- the process tree ---------------------------------------------------------------------------------------
+    def members(self) -> list[int]:
+        """Host pids of every process in the sandbox (empty once it is gone)."""
+        if self._ns is None:
+            return []
+        return [pid for pid in _processes() if _pid_ns(pid) == self._ns and _alive(pid)]
+
+    def _signal_all(self, sig: int) -> None:
+        for pid in self.members():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def freeze(self) -> None:
+        """Stop every process of the sandbox (repeated until no new one appears: a fork may race the scan)."""
+        seen: set[int] = set()
+        while True:
+            now = set(self.members())
+            for pid in now - seen:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    pass
+            if now <= seen:
+                return
+            seen |= now
+
+    def thaw(self) -> None:
+        self._signal_all(signal.SIGCONT)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """End the whole tree; raises SandboxError if any process of it is still there after timeout_s."""
+        if self.proc is None:
+            return
+        if self.init_pid is not None:
+            try:
+                os.kill(self.init_pid, signal.SIGKILL)  # the kernel then kills the whole PID namespace
+            except ProcessLookupError:
+                pass
+        self._signal_all(signal.SIGKILL)  # belt and braces: a frozen member dies on SIGKILL too
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        deadline = time.monotonic() + timeout_s
+        while (left := self.members()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.uid is not None:
+            _kill_uid(self.uid)
+            while _uid_processes(self.uid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            left = left or _uid_processes(self.uid)
+        self._release()
+        if left:
+            raise SandboxError(f"sandbox processes {left} survived SIGKILL for {timeout_s:.0f} s")
+
+    def _release(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    os.chown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+
+
+@contextmanager
+def frozen(sandboxes: list[SandboxedProcess]) -> Iterator[None]:
+    """Every given sandbox stopped for the block, resumed afterwards."""
+    for s in sandboxes:
+        s.freeze()
+    try:
+        yield
+    finally:
+        for s in sandboxes:
+            s.thaw()

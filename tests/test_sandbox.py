@@ -1,0 +1,276 @@
+"""The sandbox's boundaries, each tried from inside by a hostile process; every attempt must fail.
+
+Each test runs a small Python probe in a real sandbox (bubblewrap) and reads back what it managed to do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import seis.evaluator
+from seis.engine_host.policy import PROJECT_ROOT, engine_policy, forbidden_paths
+from seis.engine_import import ENGINE_TEMPLATE
+from seis.sandbox import Bind, Limits, SandboxedProcess, SandboxPolicy, allowed_env, frozen
+
+
+def run_probe(code: str, policy: SandboxPolicy | None = None, timeout: float = 60) -> dict:
+    """Run `code` (which prints one JSON object last) in a sandbox; returns that object."""
+    policy = policy or SandboxPolicy(binds=(Bind(ENGINE_TEMPLATE, "/engine"),), env=allowed_env())
+    box = SandboxedProcess([sys.executable, "-c", textwrap.dedent(code)], policy, forbidden=forbidden_paths(),
+                           stderr=subprocess.PIPE)
+    proc = box.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        box.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def test_runs_as_an_unprivileged_user_without_capabilities() -> None:
+    seen = run_probe("""
+        import json, os
+        status = dict(line.split(':', 1) for line in open('/proc/self/status'))
+        print(json.dumps({'uid': os.getuid(), 'euid': os.geteuid(), 'caps': status['CapEff'].strip(),
+                          'bnd': status['CapBnd'].strip(), 'nnp': status['NoNewPrivs'].strip()}))
+    """)
+    assert seen["uid"] != 0 and seen["euid"] != 0
+    assert int(seen["caps"], 16) == 0 and int(seen["bnd"], 16) == 0 and seen["nnp"] == "1"
+
+
+def test_what_must_not_be_seen_is_not_mounted(tmp_path: Path) -> None:
+    secret_dir = Path(seis.evaluator.__file__).resolve().parent
+    heldout = PROJECT_ROOT / "data" / "prepared"
+    seen = run_probe(f"""
+        import json, os, subprocess
+        paths = {[str(PROJECT_ROOT), str(secret_dir), str(heldout), str(PROJECT_ROOT / '.git'),
+                  str(Path.home()), '/work', '/root/.cache', '/run', '/var', '/home', str(tmp_path)]!r}
+        visible = [p for p in paths if os.path.exists(p)]
+        # the classic ways around a hiding mount: unmount it, or reach the host's root through /proc
+        um = subprocess.run(['umount', '-l', '/usr'], capture_output=True).returncode
+        try:
+            os.listdir('/proc/1/root/')
+            via_proc = True
+        except OSError:
+            via_proc = False
+        print(json.dumps({{'visible': visible, 'umount_rc': um, 'via_proc': via_proc,
+                          'root': sorted(os.listdir('/'))}}))
+    """)
+    # A home directory shows up only as the parent of the Python installation when Python lives there
+    # (e.g. pyenv under /root), never with its contents: ~/.cache is absent above.
+    assert set(seen["visible"]) <= {str(Path.home())} and str(Path.home()) not in (str(PROJECT_ROOT), "/work")
+    assert seen["umount_rc"] != 0 and not seen["via_proc"]
+    assert set(seen["root"]) <= {"bin", "dev", "engine", "etc", "lib", "lib32", "lib64", "libx32", "proc", "root",
+                                 "sbin", "sys", "tmp", "usr", "opt"}
+
+
+def test_checkout_and_own_tree_cannot_be_written(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "x.py").write_text("pass\n")
+    policy = SandboxPolicy(binds=(Bind(tree, "/engine"),), env=allowed_env())
+    seen = run_probe(f"""
+        import json
+        results = {{}}
+        for path in ['/engine/x.py', '/engine/new.py', {str(PROJECT_ROOT / 'README.md')!r}, '/usr/evil', '/etc/evil']:
+            try:
+                open(path, 'a').write('evil')
+                results[path] = 'written'
+            except OSError as e:
+                results[path] = type(e).__name__
+        print(json.dumps(results))
+    """, policy)
+    assert "written" not in seen.values(), seen
+    assert (tree / "x.py").read_text() == "pass\n" and not (tree / "new.py").exists()
+
+
+def test_environment_is_allow_listed(monkeypatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-SECRET")
+    monkeypatch.setenv("https_proxy", "http://proxy.invalid")
+    monkeypatch.setenv("SEIS_TEST_PRIVATE", "x")
+    seen = run_probe("""
+        import json, os
+        print(json.dumps({'env': dict(os.environ), 'init': open('/proc/1/environ', 'rb').read().decode()
+                          if os.access('/proc/1/environ', os.R_OK) else ''}))
+    """, SandboxPolicy(binds=(), env=allowed_env()))
+    text = json.dumps(seen)
+    assert "SECRET" not in text and "proxy.invalid" not in text and "SEIS_TEST_PRIVATE" not in text
+    assert seen["env"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_no_network_and_no_host_sockets(tmp_path: Path) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    unix_path = Path("/tmp") / f"seis-test-{os.getpid()}.sock"
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(str(unix_path))
+    unix.listen()
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(f"\0seis-test-{os.getpid()}")
+    abstract.listen()
+    try:
+        seen = run_probe(f"""
+            import json, socket
+            out = {{}}
+            for name, family, addr in [('tcp', socket.AF_INET, ('127.0.0.1', {port})),
+                                       ('dns', socket.AF_INET, ('1.1.1.1', 53)),
+                                       ('unix', socket.AF_UNIX, {str(unix_path)!r}),
+                                       ('abstract', socket.AF_UNIX, '\\0seis-test-{os.getpid()}')]:
+                s = socket.socket(family)
+                s.settimeout(3)
+                try:
+                    s.connect(addr)
+                    out[name] = 'connected'
+                except OSError as e:
+                    out[name] = type(e).__name__
+            print(json.dumps(out))
+        """)
+    finally:
+        server.close()
+        unix.close()
+        abstract.close()
+        unix_path.unlink(missing_ok=True)
+    assert "connected" not in seen.values(), seen
+
+
+def test_siblings_cannot_be_signalled_and_can_be_frozen() -> None:
+    policy = SandboxPolicy(binds=(), env=allowed_env())
+    victim = SandboxedProcess([sys.executable, "-c", "import time\nwhile True:\n    print(time.time(), flush=True)\n"
+                               "    time.sleep(0.05)"], policy)
+    victim.start()
+    try:
+        host_pids = victim.members()
+        seen = run_probe(f"""
+            import json, os, signal
+            hits = []
+            for pid in {host_pids!r} + list(range(1, 400)):
+                if pid == os.getpid():
+                    continue
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                    hits.append(pid)
+                except OSError:
+                    pass
+            print(json.dumps({{'hits': hits, 'own': os.getpid()}}))
+        """, policy)
+        # Only its own namespace's processes are addressable (itself and its children), never the sibling's.
+        assert not set(seen["hits"]) & set(host_pids)
+        line = victim.proc.stdout.readline()
+        assert line, "the sibling stopped answering"
+        # The gate, though, can freeze a sandbox as a whole and let it go again.
+        with frozen([victim]):
+            states = {open(f"/proc/{p}/stat").read().split()[2] for p in victim.members()}
+            assert states == {"T"}
+        assert {open(f"/proc/{p}/stat").read().split()[2] for p in victim.members()} != {"T"}
+    finally:
+        victim.kill()
+
+
+def _marked(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+                    found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def test_nothing_outlives_the_sandbox() -> None:
+    marker = f"seis-survivor-{os.getpid()}"
+    code = f"""
+        import os, signal, subprocess, time
+        # double fork + setsid + ignored signals: the usual way to escape a process-group kill
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                os.execv('/bin/sh', ['/bin/sh', '-c', 'exec -a {marker} sleep 300'])
+            os._exit(0)
+        subprocess.Popen(['nohup', 'sh', '-c', 'exec -a {marker} sleep 300'], start_new_session=True)
+        time.sleep(300)
+    """
+    box = SandboxedProcess([sys.executable, "-c", textwrap.dedent(code)], SandboxPolicy(binds=(), env=allowed_env()))
+    box.start()
+    deadline = time.monotonic() + 20
+    while len(_marked(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_marked(marker)) >= 2, "the probe did not start its survivors"
+    box.kill()
+    assert _marked(marker) == [] and box.members() == []
+
+
+def test_limits_apply_inside() -> None:
+    policy = SandboxPolicy(binds=(), env=allowed_env(), limits=Limits(max_processes=300, memory_bytes=3 * 2**30,
+                                                                       max_file_bytes=2**20))
+    seen = run_probe("""
+        import json, resource
+        print(json.dumps({'nproc': resource.getrlimit(resource.RLIMIT_NPROC)[0],
+                          'as': resource.getrlimit(resource.RLIMIT_AS)[0],
+                          'fsize': resource.getrlimit(resource.RLIMIT_FSIZE)[0]}))
+    """, policy)
+    assert seen == {"nproc": 300, "as": 3 * 2**30, "fsize": 2**20}
+
+
+def test_engine_sees_its_tree_and_model_read_only(tmp_path: Path) -> None:
+    from seis.models import resolve_model
+    model = resolve_model("tiny-qwen3")
+    policy = engine_policy(ENGINE_TEMPLATE, model, "cpu")
+    seen = run_probe("""
+        import json, os
+        out = {'engine': os.path.isfile('/engine/engine/__init__.py'), 'model': os.path.isfile('/model/config.json'),
+               'worker': sorted(os.listdir('/seis-host'))}
+        try:
+            open('/model/config.json', 'a').write('x')
+            out['model_write'] = True
+        except OSError:
+            out['model_write'] = False
+        print(json.dumps(out))
+    """, policy)
+    assert seen == {"engine": True, "model": True, "worker": ["engine_import.py", "worker.py"], "model_write": False}
+
+
+def test_sandbox_kill_is_prompt_even_when_frozen() -> None:
+    box = SandboxedProcess(["sleep", "300"], SandboxPolicy(binds=(), env=allowed_env()))
+    box.start()
+    box.freeze()
+    t0 = time.monotonic()
+    box.kill()
+    assert box.members() == [] and time.monotonic() - t0 < 5
+
+
+def test_engine_replies_must_answer_the_current_request(tmp_path: Path) -> None:
+    """A reply written ahead (or twice) answers no request: the next call is an engine error, not a result."""
+    from seis.engine_host import EngineError, EngineProcess
+    from seis.models import resolve_model
+    from tests.evaluator_helpers import copy_engine
+    tree = copy_engine(tmp_path / "twice")
+    init = tree / "engine" / "__init__.py"
+    init.write_text(init.read_text() + textwrap.dedent("""
+        import __main__
+        if hasattr(__main__, "_reply"):
+            _orig = __main__._reply
+            def _twice(out, **payload):
+                _orig(out, **payload)
+                _orig(out, **payload)
+            __main__._reply = _twice
+    """))
+    with EngineProcess(tree, resolve_model("tiny-qwen3"), {"device": "cpu", "max_seq_len": 64}, timeout_s=60) as eng:
+        eng.build()
+        with pytest.raises(EngineError, match="does not answer the current"):
+            eng.stats()
