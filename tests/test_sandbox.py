@@ -170,7 +170,7 @@ def test_siblings_cannot_be_signalled_and_can_be_frozen() -> None:
         line = victim.proc.stdout.readline()
         assert line, "the sibling stopped answering"
         # The gate, though, can freeze a sandbox as a whole and let it go again.
-        with frozen([victim]):
+        with frozen([victim]):  # returns once every process of it has stopped
             states = {open(f"/proc/{p}/stat").read().split()[2] for p in victim.members()}
             assert states == {"T"}
         assert {open(f"/proc/{p}/stat").read().split()[2] for p in victim.members()} != {"T"}

@@ -4,17 +4,22 @@ from __future__ import annotations
 import json
 import os
 import queue
-import resource
+import secrets
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..engine_import import check_engine_dir
+from ..sandbox import SandboxedProcess
+from .policy import ENGINE_MOUNT, MODEL_MOUNT, WORKER, engine_policy, forbidden_paths
+
+MAX_REPLY_BYTES = 256 * 2**20   # one reply line; a longer one is an engine error, not host memory
+OVERSIZED = object()
 
 
 class EngineError(RuntimeError):
@@ -38,25 +43,24 @@ class Sampling:
 
 
 class EngineProcess:
-    """One engine in one child process. Use as a context manager; `call` ops mirror CONTRACT.md.
+    """One engine in one sandboxed child process (seis.sandbox): use as a context manager; `call` ops mirror
+    CONTRACT.md. The engine sees its tree at /engine and the model at /model, both read-only, and nothing of
+    SEIS but the worker script. Closing it ends every process the engine started.
 
-    Optional isolation, for callers that run untrusted engines: `base_env` replaces the inherited environment
-    (`env` is still layered on top), `launcher` prefixes the command (e.g. ["unshare", "--net"]) and `rlimits`
-    ({resource.RLIMIT_AS: bytes, ...}) is applied in the child before it execs.
+    env: extra variables over the allow-listed environment; memory_bytes: RLIMIT_AS (CPU only); cache_dir: a
+    host directory the engine may write its JIT caches to (else they live in the sandbox's private /tmp).
     """
 
     def __init__(self, engine_dir: str | Path, model_dir: str | Path, options: dict | None = None,
-                 timeout_s: float = 600.0, env: dict[str, str] | None = None, *,
-                 base_env: Mapping[str, str] | None = None, launcher: Sequence[str] = (),
-                 rlimits: Mapping[int, int] | None = None):
+                 timeout_s: float = 600.0, env: Mapping[str, str] | None = None, *,
+                 memory_bytes: int | None = None, cache_dir: Path | None = None):
         self.engine_dir = check_engine_dir(engine_dir)
         self.model_dir = Path(model_dir)
         self.options = options or {}
         self.timeout_s = timeout_s
-        self.env = env
-        self.base_env = base_env
-        self.launcher = tuple(launcher)
-        self.rlimits = dict(rlimits or {})
+        self.policy = engine_policy(self.engine_dir, self.model_dir, self.options.get("device"), env,
+                                    memory_bytes, cache_dir)
+        self.box: SandboxedProcess | None = None
         self.proc: subprocess.Popen | None = None
         self.stderr_path: Path | None = None
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -71,29 +75,35 @@ class EngineProcess:
     def start(self) -> None:
         fd, name = tempfile.mkstemp(prefix="seis-engine-", suffix=".log")
         self.stderr_path = Path(name)
-        base = os.environ if self.base_env is None else self.base_env
-        env = {**base, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
-                                                          env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen(
-            [*self.launcher, sys.executable, "-m", "seis.engine_host.worker", "--engine-dir", str(self.engine_dir),
-             "--model-dir", str(self.model_dir), "--options", json.dumps(self.options)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, text=True, env=env,
-            cwd=tempfile.gettempdir(), start_new_session=True,
-            preexec_fn=_rlimit_setter(self.rlimits) if self.rlimits else None)
-        os.close(fd)
-        threading.Thread(target=self._pump, daemon=True).start()
+        options = {**self.options, "device": self.options.get("device", "auto")}
+        argv = [sys.executable, WORKER, "--engine-dir", ENGINE_MOUNT, "--model-dir", MODEL_MOUNT,
+                "--options", json.dumps(options)]
+        with os.fdopen(fd, "wb") as stderr:
+            self.box = SandboxedProcess(argv, self.policy, stderr=stderr, forbidden=forbidden_paths())
+            self.proc = self.box.start()
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
 
-    def _pump(self) -> None:
-        for line in self.proc.stdout:
-            self._lines.put(line)
+    def pids(self) -> list[int]:
+        """Every process of this engine's sandbox (host pids)."""
+        return self.box.members() if self.box else []
+
+    def _pump(self, stream) -> None:
+        while line := stream.readline(MAX_REPLY_BYTES):
+            if not line.endswith(b"\n") and len(line) >= MAX_REPLY_BYTES:
+                self._lines.put(OVERSIZED)  # and stop reading: the engine is flooding its protocol stream
+                return
+            self._lines.put(line.decode("utf-8", errors="replace"))
         self._lines.put(None)
 
     def call(self, op: str, timeout_s: float | None = None, **payload) -> Any:
         if self.proc is None or self.proc.poll() is not None:
             raise EngineError(f"engine process is not running{self._stderr_tail()}")
-        self.proc.stdin.write(json.dumps({"op": op, **payload}) + "\n")
-        self.proc.stdin.flush()
+        rid = secrets.token_hex(16)  # unpredictable: no reply can be written before its request exists
+        try:
+            self.proc.stdin.write((json.dumps({"op": op, "id": rid, **payload}) + "\n").encode("utf-8"))
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise EngineError(f"engine process closed its input before '{op}'{self._stderr_tail()}") from None
         try:
             line = self._lines.get(timeout=timeout_s or self.timeout_s)
         except queue.Empty:
@@ -101,13 +111,18 @@ class EngineProcess:
             raise EngineTimeout(f"engine did not answer '{op}' within {timeout_s or self.timeout_s:.0f} s") from None
         if line is None:
             raise EngineError(f"engine process exited during '{op}'{self._stderr_tail()}")
+        if line is OVERSIZED:
+            self.kill()
+            raise EngineError(f"reply to '{op}' is longer than {MAX_REPLY_BYTES // 2**20} MiB")
         try:
             reply = json.loads(line)
         except json.JSONDecodeError:
             raise EngineError(f"unreadable reply to '{op}': {line[:200]!r}") from None
+        if not isinstance(reply, dict) or reply.get("id") != rid:
+            raise EngineError(f"reply does not answer the current '{op}' request (stale, repeated or forged)")
         if not reply.get("ok"):
-            raise EngineError(reply.get("error", "unknown engine error"))
-        return reply["result"]
+            raise EngineError(str(reply.get("error", "unknown engine error")))
+        return reply.get("result")
 
     # Typed conveniences over `call` (timeout_s: this call's limit, default the instance's).
     def build(self, timeout_s: float | None = None) -> dict:
@@ -128,35 +143,20 @@ class EngineProcess:
         return self.call("stats", timeout_s=timeout_s)
 
     def close(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            try:
-                self.call("shutdown", timeout_s=10)
-                self.proc.wait(timeout=10)
-            except (EngineError, OSError, subprocess.TimeoutExpired):
-                self.kill()
+        """End the engine's whole sandbox (nothing of it needs a graceful exit) and drop its log."""
+        self.kill()
         if self.stderr_path:
             self.stderr_path.unlink(missing_ok=True)
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait()
+        """End every process of the engine's sandbox; returns once none is left."""
+        if self.box is not None:
+            self.box.kill()
 
     def _stderr_tail(self, n: int = 1500) -> str:
         if self.stderr_path and self.stderr_path.exists():
-            tail = self.stderr_path.read_text(errors="replace")[-n:].strip()
+            with self.stderr_path.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - n))
+                tail = f.read().decode("utf-8", errors="replace").strip()
             return f"; its stderr ends:\n{tail}" if tail else ""
         return ""
-
-
-def _rlimit_setter(limits: Mapping[int, int]):
-    """A preexec_fn that only calls setrlimit (safe between fork and exec)."""
-    items = []
-    for which, value in limits.items():  # never ask for more than the current hard limit allows
-        hard = resource.getrlimit(which)[1]
-        items.append((which, value if hard == resource.RLIM_INFINITY else min(value, hard)))
-
-    def apply() -> None:
-        for which, value in items:
-            resource.setrlimit(which, (value, value))
-    return apply

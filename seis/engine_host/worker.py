@@ -1,8 +1,12 @@
-"""Child-process side: host one engine, answer one JSON request per line.
+"""Child-process side: host one engine, answer one JSON request per line. Runs inside the sandbox as a plain
+script next to engine_import.py (the only SEIS files the sandbox shows):
 
-    python -m seis.engine_host.worker --engine-dir DIR --model-dir DIR --options JSON
+    python /seis-host/worker.py --engine-dir /engine --model-dir /model --options JSON
 
-Replies go to the original stdout; anything the engine prints is sent to stderr so it cannot corrupt replies.
+Every request carries an `id`; the reply echoes it. The engine runs in this process and could write to the
+protocol stream itself, so the id is what lets the parent tell a reply to the current request from anything
+else (the parent's nonces are unpredictable, so no reply can be written ahead of its request).
+Anything the engine prints goes to stderr, so stray prints cannot corrupt replies.
 """
 from __future__ import annotations
 
@@ -23,17 +27,19 @@ def serve(engine_dir: str, model_dir: str, options: dict) -> None:
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints from the engine land in stderr
 
-    from ..engine_import import import_engine
+    from engine_import import import_engine  # this script's sibling
 
     engine = None
     for line in sys.stdin:
         if not line.strip():
             continue
+        rid = None
         try:
             msg = json.loads(line)
+            rid = msg.pop("id", None)
             op = msg.pop("op")
             if op == "shutdown":
-                _reply(protocol, ok=True, result=None)
+                _reply(protocol, id=rid, ok=True, result=None)
                 return
             if op == "build":
                 mod = import_engine(engine_dir)
@@ -52,9 +58,9 @@ def serve(engine_dir: str, model_dir: str, options: dict) -> None:
                 result = engine.stats()
             else:
                 raise ValueError(f"unknown op {op!r}")
-            _reply(protocol, ok=True, result=result)
+            _reply(protocol, id=rid, ok=True, result=result)
         except Exception as e:  # the engine's error goes back to the caller; the worker keeps serving
-            _reply(protocol, ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+            _reply(protocol, id=rid, ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
 
 
 def main() -> None:

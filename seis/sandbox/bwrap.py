@@ -54,10 +54,22 @@ def bwrap_version() -> str:
     return version or "bubblewrap"
 
 
-def namespace_args(root: bool) -> list[str]:
-    ns = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
-          "--hostname", HOSTNAME, "--die-with-parent", "--new-session"]
+def namespace_args(root: bool, network: str = "none") -> list[str]:
+    ns = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", *(["--unshare-net"] if network != "host" else []),
+          "--unshare-cgroup-try", "--hostname", HOSTNAME, "--die-with-parent", "--new-session"]
     return ns if root else [*ns, "--unshare-user", "--cap-drop", "ALL"]
+
+
+def network_args(network: str) -> list[str]:
+    """With the host's network: the resolver files (their targets, as /etc/resolv.conf is often a link)."""
+    if network != "host":
+        return []
+    args: list[str] = []
+    for name in ("resolv.conf", "hosts"):
+        real = Path(f"/etc/{name}").resolve()
+        if real.is_file():
+            args += ["--ro-bind", str(real), f"/etc/{name}"]
+    return args
 
 
 def user_switch(uid: int | None) -> list[str]:
@@ -139,7 +151,8 @@ def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: in
             forbidden: tuple[Path, ...]) -> list[str]:
     """The full bwrap invocation running argv under policy (uid: the sandbox user, or None when unprivileged)."""
     lim = policy.limits
-    args = ["bwrap", *namespace_args(root=uid is not None), *system_args(),
+    args = ["bwrap", *namespace_args(root=uid is not None, network=policy.network), *system_args(),
+            *network_args(policy.network),
             "--proc", "/proc", "--dev", "/dev",
             "--perms", "1777", "--tmpfs", "/dev/shm",
             "--perms", "1777", "--size", str(lim.scratch_bytes), "--tmpfs", "/tmp",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 # Variables that locate Python packages and devices the way the operator set them up. Nothing else passes:
 # no *_API_KEY, *_TOKEN, proxies, PYTHONSTARTUP, HOME or anything naming the caller's files.
-ENV_KEEP = frozenset({"LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CPATH"})
+ENV_KEEP = frozenset({"LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CPATH", "TRITON_LIBCUDA_PATH"})
 ENV_KEEP_PREFIXES = ("LC_", "CUDA_VISIBLE", "CUDA_DEVICE", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_CUDA_ARCH",
                      "OMP_", "MKL_", "OPENBLAS_", "TORCH_SYMM")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -59,11 +59,16 @@ class SandboxPolicy:
     cwd: str = "/tmp"
     gpu: bool = False                      # pass the /dev/nvidia* nodes through
     limits: Limits = Limits()
+    # "none": an own network namespace with loopback only. "host": the host's network (explicit opt-in, for a
+    # process that must reach an API; it then also reaches the host's loopback services).
+    network: str = "none"
 
     def __post_init__(self) -> None:
         for b in self.binds:
             if not b.src.exists():
                 raise ValueError(f"sandbox source {b.src} does not exist")
+        if self.network not in ("none", "host"):
+            raise ValueError(f"sandbox network must be 'none' or 'host', not {self.network!r}")
         dests = [b.dest for b in self.binds]
         if len(set(dests)) != len(dests):
             raise ValueError(f"two sandbox mounts share a mount point: {dests}")

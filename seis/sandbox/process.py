@@ -13,7 +13,6 @@ import os
 import resource
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,9 @@ from . import bwrap
 from .policy import SAFE_PATH, SandboxPolicy
 
 UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), never a real account
-_LOCK_DIR = Path(tempfile.gettempdir()) / "seis-sandbox-uids"
+# One fixed place for the whole host (not $TMPDIR): every SEIS process must see the same leases, or two could
+# hand out the same uid and one would kill the other's "leftovers".
+_LOCK_DIR = Path("/run/seis-sandbox-uids") if os.access("/run", os.W_OK) else Path("/tmp/seis-sandbox-uids")
 
 
 class SandboxError(RuntimeError):
@@ -36,14 +37,19 @@ def _processes() -> Iterator[int]:
             yield int(name)
 
 
+def _state(pid: int) -> bytes | None:
+    """The process's state letter (R, S, T, Z, ...), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _alive(pid: int) -> bool:
     """Zombies count as gone: they run nothing, and an orphaned sandbox init waits as a zombie until the host's
     init reaps it."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
+    return _state(pid) not in (None, b"Z", b"X")
 
 
 def _pid_ns(pid: int) -> str | None:
@@ -145,13 +151,17 @@ class SandboxedProcess:
                     _chown_tree(b.src, self.uid)
         env = {"PATH": SAFE_PATH, "HOME": "/tmp/home", "USER": "sandbox", "LOGNAME": "sandbox",
                **self.policy.env}
-        policy = SandboxPolicy(self.policy.binds, env, self.policy.cwd, self.policy.gpu, self.policy.limits)
+        policy = SandboxPolicy(self.policy.binds, env, self.policy.cwd, self.policy.gpu, self.policy.limits,
+                               self.policy.network)
         read_fd, write_fd = os.pipe()
         try:
             cmd = bwrap.command(policy, self.argv, self.uid, write_fd, self.forbidden)
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=self.stderr if self.stderr is not None else subprocess.DEVNULL,
                                          pass_fds=(write_fd,), start_new_session=True,
+                                         # bwrap's own init (pid 1 inside) keeps the environment it started
+                                         # with: give it nothing of ours (no keys in /proc/1/environ)
+                                         env={"PATH": os.environ.get("PATH") or SAFE_PATH},
                                          preexec_fn=_limit_setter(policy))
         except BaseException:
             os.close(read_fd)
@@ -185,8 +195,9 @@ class SandboxedProcess:
             except ProcessLookupError:
                 pass
 
-    def freeze(self) -> None:
-        """Stop every process of the sandbox (repeated until no new one appears: a fork may race the scan)."""
+    def freeze(self, settle_s: float = 1.0) -> None:
+        """Stop every process of the sandbox (repeated until no new one appears: a fork may race the scan), and
+        return once each of them is stopped (SIGSTOP takes effect asynchronously) or settle_s has passed."""
         seen: set[int] = set()
         while True:
             now = set(self.members())
@@ -196,8 +207,11 @@ class SandboxedProcess:
                 except ProcessLookupError:
                     pass
             if now <= seen:
-                return
+                break
             seen |= now
+        deadline = time.monotonic() + settle_s
+        while any(_state(p) not in (b"T", b"t", None) for p in seen) and time.monotonic() < deadline:
+            time.sleep(0.0005)
 
     def thaw(self) -> None:
         self._signal_all(signal.SIGCONT)
