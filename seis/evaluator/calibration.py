@@ -8,6 +8,7 @@ broken one (a skipped layer, perturbed logits) is far outside.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .checks import Agreement, ForcedStats, greedy_agreement, length_ratio, tolerance
@@ -17,7 +18,14 @@ from .schema import Calibration
 
 METHOD = ("reference vs reference: batched (the compared composition) vs one request at a time for teacher "
           "forcing (decode and M-row paths) and greedy outputs; dev prompts in the dev batch vs inside the "
-          "held-out batch for consistency; tolerance = min(cap, max(floor, factor * noise))")
+          "held-out batch for consistency; tolerance = min(cap, max(floor, factor * noise)). Long-context and "
+          "late-position splits: the same, from their own requests (keys '<split>.<metric>'). Sampling: the "
+          "reference's own TV to the exact target on the same seeded requests; floor = tv_floor_factor * the "
+          "analytic expected TV of n exact samples + tv_shift_factor * the TV between targets from the reference's "
+          "batched and one-at-a-time log-probs; support noise scale from the larger of that log-prob difference and "
+          "sqrt(2 * the KL noise)")
+
+SPLIT_METRICS = ("kl", "top1", "ppl", "greedy")
 
 
 def noise_from_runs(forced: Sequence[ForcedStats], greedy: Agreement, length_noise: float,
@@ -38,7 +46,27 @@ def greedy_noise(batched: Sequence[GenerationOut], alone: Sequence[GenerationOut
     return greedy_agreement(batched, alone), abs(length_ratio(batched, alone, natural) - 1.0)
 
 
-def calibrate(noise: dict[str, float], th: GateThresholds, positions: int, requests: int) -> Calibration:
+def split_noise(forced: Sequence[ForcedStats], greedy: Agreement) -> dict[str, float]:
+    """One extra split's own noise (teacher forcing on both paths, greedy outputs), batched vs alone."""
+    base = noise_from_runs(forced, greedy, 0.0, greedy)
+    return {k: base[k] for k in SPLIT_METRICS}
+
+
+def sampling_tolerances(th: GateThresholds, expected_tv: float, ref_tv: float, shift_tv: float,
+                        logprob_noise: float) -> dict[str, float]:
+    """sampling.tv's tolerance and sampling.support's margin (nats)."""
+    shift = shift_tv if math.isfinite(shift_tv) else 0.0
+    floor = th.tv_floor_factor * expected_tv + th.tv_shift_factor * shift
+    return {"sampling_tv": tolerance(floor, th.tv_factor, ref_tv, th.tv_cap),
+            "sampling_margin": tolerance(th.sampling_margin_floor, th.sampling_margin_factor, logprob_noise,
+                                         th.sampling_margin_cap)}
+
+
+def calibrate(noise: dict[str, float], th: GateThresholds, positions: int, requests: int,
+              splits: dict[str, dict[str, float]] | None = None,
+              sampling: dict[str, float] | None = None) -> Calibration:
+    """splits: an extra split's own noise (split_noise), calibrated into '<split>.<metric>' keys. sampling: keys
+    expected_tv, ref_tv, shift_tv, logprob_noise (recorded as 'sampling_*' noise)."""
     tol = {
         "kl": tolerance(th.kl_floor, th.kl_factor, noise["kl"], th.kl_cap),
         "top1": tolerance(th.top1_floor, th.top1_factor, noise["top1"], th.top1_cap),
@@ -48,4 +76,19 @@ def calibrate(noise: dict[str, float], th: GateThresholds, positions: int, reque
         "consistency": tolerance(th.consistency_floor, th.consistency_factor, noise["consistency"],
                                  th.consistency_cap),
     }
+    noise = dict(noise)
+    floors = {"kl": (th.kl_floor, th.kl_factor, th.kl_cap), "top1": (th.top1_floor, th.top1_factor, th.top1_cap),
+              "ppl": (th.ppl_floor, th.ppl_factor, th.ppl_cap),
+              "greedy": (th.greedy_floor, th.greedy_factor, th.greedy_cap)}
+    for split, sn in (splits or {}).items():
+        for k in SPLIT_METRICS:
+            floor, factor, cap = floors[k]
+            noise[f"{split}.{k}"] = sn[k]
+            tol[f"{split}.{k}"] = tolerance(floor, factor, sn[k], cap)
+    if sampling is not None:
+        noise.update({f"sampling_{k}": v for k, v in sampling.items()})
+        # the logit noise scale a KL of this size implies (KL ~ var / 2 for small perturbations)
+        noise["sampling_kl_logit_scale"] = math.sqrt(2 * noise["kl"]) if math.isfinite(noise["kl"]) else 0.0
+        tol.update(sampling_tolerances(th, sampling["expected_tv"], sampling["ref_tv"], sampling["shift_tv"],
+                                       max(sampling["logprob_noise"], noise["sampling_kl_logit_scale"])))
     return Calibration(method=METHOD, noise=noise, tolerance=tol, positions=positions, requests=requests)

@@ -11,6 +11,7 @@ top-k sets already differ, which is itself a divergence.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -128,8 +129,10 @@ def answer_problems(n_expected: int, replies: Sequence | None, what: str,
 
 
 def length_problems(outs: Sequence[GenerationOut | None] | None, max_new: Sequence[int], prompt_lens: Sequence[int],
-                    max_seq_len: int) -> list[str]:
-    """Sane lengths: non-empty, <= max_new_tokens, a "length" finish has exactly the allowed count."""
+                    max_seq_len: int, exact: Sequence[bool] | None = None) -> list[str]:
+    """Sane lengths: non-empty, <= max_new_tokens, a "length" finish has exactly the allowed count. Where
+    exact[i] (ignore_eos and no stop ids: nothing may end the request early) the output must have exactly the
+    allowed count (max_new_tokens, or what the context leaves) and finish "length"."""
     problems = []
     for i, out in enumerate(outs or []):
         if i >= len(max_new):
@@ -145,6 +148,9 @@ def length_problems(outs: Sequence[GenerationOut | None] | None, max_new: Sequen
             problems.append(f"request {i}: {n} tokens > max_new_tokens {max_new[i]}")
         elif out.finish_reason == "length" and n != allowed:
             problems.append(f"request {i}: finish 'length' after {n} tokens, expected {allowed}")
+        elif exact is not None and i < len(exact) and exact[i] and (n != allowed or out.finish_reason != "length"):
+            problems.append(f"request {i}: ignore_eos without stop ids gave {n} tokens with finish "
+                            f"{out.finish_reason!r}, expected exactly {allowed} with finish 'length'")
     return problems
 
 
@@ -185,3 +191,207 @@ def scoreable(prompt: Sequence[int], out: GenerationOut, max_new: int, vocab: in
     ids = out.token_ids
     return bool(ids) and len(ids) <= max_new and len(prompt) + len(ids) <= max_seq_len \
         and all(0 <= t < vocab for t in ids)
+
+
+# --- sampling semantics -------------------------------------------------------------------------------------------
+# The reference's top-64 log-probs after a prompt define the exact target of a request with top_k < 64: the
+# tokens beyond the top-k get no mass whatever their log-probs. Mirrors E0: temperature, then the top-k cut (ties
+# with the k-th kept), softmax over what is left, then the nucleus (the smallest prefix by probability whose mass
+# reaches top_p; the first token always stays), renormalised.
+def _sorted_pairs(ids: Sequence[int], lps: Sequence[float]) -> list[tuple[int, float]]:
+    return sorted(zip(ids, lps), key=lambda x: -x[1])
+
+
+def _tempered(pairs: list[tuple[int, float]], temperature: float, top_k: int) -> list[tuple[int, float]]:
+    """(id, probability) over the top-k (ties with the k-th kept), sorted by probability, summing to 1."""
+    if top_k > 0 and len(pairs) > top_k:
+        kth = pairs[top_k - 1][1]
+        pairs = [p for p in pairs if p[1] >= kth]
+    top = pairs[0][1]
+    w = [math.exp((lp - top) / temperature) for _, lp in pairs]
+    z = sum(w)
+    return [(t, x / z) for (t, _), x in zip(pairs, w)]
+
+
+def target_distribution(ids: Sequence[int], lps: Sequence[float], temperature: float, top_k: int,
+                        top_p: float) -> dict[int, float]:
+    """The exact sampling distribution (token -> probability) of (temperature, top_k, top_p) given the
+    reference's top log-probs; top_k must be below the number of log-probs given."""
+    if not ids or temperature <= 0:
+        raise ValueError("need log-probs and a positive temperature")
+    probs = _tempered(_sorted_pairs(ids, lps), temperature, top_k)
+    kept, cum = [], 0.0
+    for t, p in probs:
+        if kept and cum >= top_p:
+            break
+        kept.append((t, p))
+        cum += p
+    z = sum(p for _, p in kept)
+    return {t: p / z for t, p in kept}
+
+
+def top_probability(lps: Sequence[float], temperature: float, top_k: int) -> float:
+    pairs = _sorted_pairs(range(len(lps)), lps)
+    return _tempered(pairs, temperature, top_k)[0][1]
+
+
+def temperature_for(lps: Sequence[float], top_k: int, target: float, lo: float = 1e-3, hi: float = 1e3,
+                    iterations: int = 60) -> float:
+    """The temperature at which the top-k distribution's top probability is `target` (bisection in log T; the top
+    probability falls as T rises). Clamped to [lo, hi] where the target cannot be reached."""
+    if top_probability(lps, hi, top_k) >= target:
+        return hi
+    if top_probability(lps, lo, top_k) <= target:
+        return lo
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(iterations):
+        mid = (a + b) / 2
+        if top_probability(lps, math.exp(mid), top_k) > target:
+            a = mid
+        else:
+            b = mid
+    return math.exp((a + b) / 2)
+
+
+def well_conditioned_top_p(lps: Sequence[float], temperature: float, top_k: int, nominal: float,
+                           min_gap: float = 0.25) -> float:
+    """A top_p near `nominal` whose nucleus boundary is robust: the midpoint of the cumulative-mass interval that
+    gives the nucleus its size, for the size whose last kept and first dropped tokens differ by >= min_gap nats
+    (else the best-separated one). A nominal top_p that falls on (or near) a cumulative mass, e.g. 0.6 when the
+    top two tokens are tied at 0.3 each, would make the nucleus depend on float rounding and on which of two
+    tied tokens a sort puts first; seen on GPU bf16, where E0's own samples then missed the target by TV 0.25."""
+    pairs = _sorted_pairs(range(len(lps)), lps)
+    probs = _tempered(pairs, temperature, top_k)
+    lp_of = dict(pairs)
+    best, best_key = nominal, None
+    cum = probs[0][1]
+    for m in range(2, len(probs)):  # a nucleus of m >= 2 tokens (one token would be greedy)
+        p_last = probs[m - 1][1]
+        mid = cum + p_last / 2      # size m iff (mass of the first m-1) < top_p <= (mass of the first m)
+        cum += p_last
+        gap = lp_of[probs[m - 1][0]] - lp_of[probs[m][0]]
+        key = (gap < min_gap, abs(mid - nominal) if gap >= min_gap else -gap)
+        if best_key is None or key < best_key:
+            best, best_key = mid, key
+    return best
+
+
+def _binomial_mean_abs_dev(n: int, q: float) -> float:
+    """E|X - n q| for X ~ Binomial(n, q), exactly."""
+    if q <= 0.0 or q >= 1.0:
+        return 0.0
+    lq, l1q, lgn = math.log(q), math.log1p(-q), math.lgamma(n + 1)
+    return sum(math.exp(lgn - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lq + (n - k) * l1q) * abs(k - n * q)
+               for k in range(n + 1))
+
+
+def expected_tv(q: Sequence[float], n: int) -> float:
+    """The expected total-variation distance between q and the empirical distribution of n exact samples of q:
+    pure sampling noise, the floor of any sampling check at that n."""
+    return 0.5 * sum(_binomial_mean_abs_dev(n, p) for p in q) / n if n else math.nan
+
+
+def empirical_tv(samples: Sequence[int | None], q: dict[int, float]) -> float:
+    """TV between q and the samples' empirical distribution; a missing sample (None) is mass outside q."""
+    n = len(samples)
+    if n == 0:
+        return math.nan
+    counts: dict[int | None, int] = {}
+    for t in samples:
+        counts[t] = counts.get(t, 0) + 1
+    keys = set(q) | set(counts)
+    return 0.5 * sum(abs(counts.get(t, 0) / n - (q.get(t, 0.0) if t is not None else 0.0)) for t in keys)
+
+
+def greedy_tv(q: dict[int, float]) -> float:
+    """The TV an engine that always picks the top token would score: 1 - q(top)."""
+    return 1.0 - max(q.values())
+
+
+def tolerated_tokens(ids: Sequence[int], lps: Sequence[float], temperature: float, top_k: int, top_p: float,
+                     sigma: float, draws: int = 256, seed: int = 0) -> set[int]:
+    """The allowed set, widened by logit noise: the union of the allowed sets of `draws` copies of the log-probs,
+    each perturbed by independent N(0, sigma^2) noise (what a legitimately different kernel does to bf16 logits).
+    Near-ties at the top-k cut and nucleus boundaries that such noise can move are covered; tokens far from
+    the cut are not. Deterministic (seeded)."""
+    allowed = set(target_distribution(ids, lps, temperature, top_k, top_p))
+    if sigma > 0:
+        rng = random.Random(seed)
+        for _ in range(draws):
+            allowed |= set(target_distribution(ids, [lp + rng.gauss(0.0, sigma) for lp in lps], temperature,
+                                               top_k, top_p))
+    return allowed
+
+
+def support_problems(samples: Sequence[int | None], ids: Sequence[int], lps: Sequence[float], temperature: float,
+                     top_k: int, top_p: float, sigma: float, label: str) -> tuple[list[str], int]:
+    """Sampled tokens outside the allowed (top-k, then top-p) set, grouped by token; and how many samples those
+    are. A token outside is tolerated when logit noise of scale `sigma` nats could have put it inside
+    (tolerated_tokens); a token beyond the given log-probs only when the lowest given one is within 3 sigma of
+    the lowest allowed one (then it cannot be judged)."""
+    allowed = target_distribution(ids, lps, temperature, top_k, top_p)
+    lp_of = dict(zip(ids, lps))
+    cut = min(lp_of[t] for t in allowed)
+    counts: dict[int | None, int] = {}
+    for t in samples:
+        if t is None or t not in allowed:
+            counts[t] = counts.get(t, 0) + 1
+    ok = tolerated_tokens(ids, lps, temperature, top_k, top_p, sigma) if counts else set()
+    problems, outside = [], 0
+    for t, c in sorted(counts.items(), key=lambda x: (-x[1], str(x[0]))):
+        if t is None:
+            problems.append(f"{label}: {c} requests gave no token")
+            outside += c
+        elif t not in ok and not (t not in lp_of and min(lps) >= cut - 3 * sigma):
+            lp = f"log-prob {lp_of[t]:.3f}" if t in lp_of else f"not in the reference's top {len(lps)}"
+            problems.append(f"{label}: token {t} sampled {c}x, outside the {len(allowed)} allowed tokens "
+                            f"({lp}; lowest allowed {cut:.3f})")
+            outside += c
+    return problems, outside
+
+
+def small_sample_slack(rate: float, n: int) -> float:
+    """Two binomial standard deviations of a disagreement rate measured on n positions: what a split with few
+    positions adds to a per-position tolerance, so chance alone does not fail it."""
+    return 2.0 * math.sqrt(max(rate, 0.0) * max(1.0 - rate, 0.0) / n) if n > 0 else 0.0
+
+
+# --- stop_token_ids -----------------------------------------------------------------------------------------------
+def stop_position(out: Sequence[int], eos_ids: Sequence[int], lo: int = 2, hi: int = 8) -> int | None:
+    """The first j in [lo, hi] whose token appears there for the first time, is no EOS, and is not the output's
+    last token (so an engine ignoring the stop id visibly runs past it); None when there is none."""
+    eos = set(eos_ids)
+    for j in range(lo, min(hi, len(out) - 2) + 1):
+        if out[j] not in out[:j] and out[j] not in eos:
+            return j
+    return None
+
+
+def stop_problems(outs: Sequence[GenerationOut | None] | None, expected: Sequence[Sequence[int]],
+                  stop_ids: Sequence[Sequence[int]], ignore_eos: Sequence[bool], eos_ids: Sequence[int],
+                  max_new: Sequence[int]) -> list[str]:
+    """stop_token_ids honoured. expected[i]: the reference's greedy tokens through the first stop id (the output
+    a request must give when it follows the reference that far). Violations: a stop id (or, unless ignore_eos, an
+    EOS) inside the output before its end; an output that equals the expected tokens through the stop id but
+    does not end there; an output ending in a stop id whose finish is not "stop", or a "stop" that does not end
+    in one; more than max_new_tokens."""
+    problems, eos = [], set(eos_ids)
+    for i, out in enumerate(outs or []):
+        if i >= len(expected) or out is None:
+            continue
+        ids, exp = out.token_ids, list(expected[i])
+        enders = set(stop_ids[i]) | (set() if ignore_eos[i] else eos)
+        inner = next((k for k, t in enumerate(ids[:-1]) if t in enders), None)
+        if ids[: len(exp)] == exp and len(ids) != len(exp):
+            problems.append(f"request {i}: followed the reference through stop id {exp[-1]} at token "
+                            f"{len(exp) - 1} but did not end there ({len(ids)} tokens)")
+        elif inner is not None:
+            problems.append(f"request {i}: stop id {ids[inner]} at token {inner}, but the output goes on to "
+                            f"{len(ids)} tokens")
+        if ids and ids[-1] in enders and out.finish_reason != "stop":
+            problems.append(f"request {i}: ends in stop id {ids[-1]} with finish {out.finish_reason!r}")
+        elif out.finish_reason == "stop" and (not ids or ids[-1] not in enders):
+            problems.append(f"request {i}: finish 'stop' but the last token {ids[-1:]} is no stop id")
+        if len(ids) > max_new[i] or not ids:
+            problems.append(f"request {i}: {len(ids)} tokens (max_new_tokens {max_new[i]})")
+    return problems

@@ -52,6 +52,25 @@ class GateThresholds(_Frozen):
     consistency_floor: float = Field(0.5, ge=0, le=1)
     consistency_factor: float = Field(4.0, ge=1)
     consistency_cap: float = Field(0.9, gt=0, le=1)
+    # sampling.tv: mean total-variation distance between the empirical distribution of n seeded one-token samples
+    # and the exact target distribution (the reference's next-token log-probs at temperature T, cut to top-k, then
+    # top-p). Tolerance = min(cap, max(floor, factor * noise)), where noise is the reference's own TV on the same
+    # requests and floor = tv_floor_factor * (the analytic expected TV of n exact samples) + tv_shift_factor *
+    # (TV between the targets built from the reference's log-probs in two batch compositions: bf16 logit noise,
+    # amplified by a low T). The cap stays below what an always-greedy engine scores (>= 1 - 0.5 by construction).
+    tv_floor_factor: float = Field(1.5, ge=1)
+    tv_shift_factor: float = Field(3.0, ge=0)
+    tv_factor: float = Field(1.5, ge=1)
+    tv_cap: float = Field(0.45, gt=0, le=1)
+    # sampling.support: a sampled token outside the allowed top-k / top-p set is tolerated only when logit noise
+    # of scale sigma (nats) could have put it inside (the union of the allowed sets of 256 seeded N(0, sigma^2)
+    # perturbations of the reference's log-probs). sigma = min(cap, max(floor, factor * noise)), where noise is
+    # the larger of the logit scale implied by the reference's own KL noise, sqrt(2 * kl), and its batched-vs-
+    # alone log-prob difference on the sampling prompts (on GPU bf16 a legitimate kernel change moved a boundary
+    # token by 0.125 nats; the reference's KL noise there was 0.0015, i.e. sqrt(2 kl) = 0.054).
+    sampling_margin_floor: float = Field(0.05, ge=0)
+    sampling_margin_factor: float = Field(2.0, ge=1)
+    sampling_margin_cap: float = Field(0.25, ge=0)
 
 
 class CheckSizes(_Frozen):
@@ -64,6 +83,24 @@ class CheckSizes(_Frozen):
     tf_max_tokens: int = Field(64, ge=1)        # forced positions per prompt in teacher forcing
     n_eos_probes: int = Field(4, ge=0)          # prompts whose reference greedy next token is an EOS
     probe_new_tokens: int = Field(4, ge=2)
+    # Sampling semantics: the first n_sampling_prompts dev prompts, each at a temperature that makes the
+    # reference's top-k top probability sampling_target_top, under (top_k, top_p=1) and (top_k, sampling_top_p):
+    # n_samples seeded one-token requests per prompt and setting (0 prompts: no sampling checks).
+    n_sampling_prompts: int = Field(2, ge=0)
+    n_samples: int = Field(128, ge=32)
+    sampling_top_k: int = Field(40, ge=2, le=63)   # < 64: the reference's top-64 makes the target exact
+    sampling_top_p: float = Field(0.6, gt=0, lt=1)
+    sampling_target_top: float = Field(0.3, gt=0, lt=1)
+    # stop_token_ids: prompts whose reference greedy output gets one of its own tokens as a stop id
+    n_stop: int = Field(4, ge=0)
+    # Long contexts: n_long prompts of long_context_tokens (fewer where the model's context is shorter; skipped
+    # below long_min_tokens), long_new_tokens greedy tokens each (ignore_eos), checked like the other splits.
+    n_long: int = Field(2, ge=0)
+    long_context_tokens: int = Field(1536, ge=8)
+    long_new_tokens: int = Field(64, ge=2)
+    long_min_tokens: int = Field(256, ge=8)
+    # Late decode positions: one dev prompt generated and teacher-forced for this many tokens (0: off)
+    late_tokens: int = Field(300, ge=0)
 
 
 class SpeedConfig(_Frozen):
@@ -76,6 +113,9 @@ class SpeedConfig(_Frozen):
     natural_max_new_tokens: int | None = Field(None, ge=1)  # None: the prepared workload's (256)
     fixed_max_new_tokens: int | None = Field(None, ge=1)
     run_on_fail: bool = False                   # a rejected candidate's speed is rarely worth the time
+    # Every timed prompt carries this gate's nonce (None: drawn at random per gate), so no engine can ship or
+    # precompute answers for the public dev questions; recorded with the speed table.
+    prompt_nonce: str | None = Field(None, pattern=r"^[0-9a-f]{4,32}$")
 
 
 class IsolationConfig(_Frozen):
@@ -83,9 +123,6 @@ class IsolationConfig(_Frozen):
     call_timeout_s: float = Field(600.0, gt=0)
     gate_timeout_s: float = Field(3600.0, gt=0)
     memory_limit_gb: float | None = Field(16.0, gt=0)  # CPU: RLIMIT_AS of each engine process
-    # CUDA maps a huge virtual address space, so RLIMIT_AS would kill it; "data" applies RLIMIT_DATA instead.
-    cuda_memory_limit: Literal["none", "data"] = "none"
-    network: Literal["auto", "require", "off"] = "auto"  # unshare --net: when it works / must work / never
     max_tree_mb: float = Field(256.0, gt=0)      # refuse absurdly large candidate trees
     # CPU only: intra-op threads per engine process. One thread keeps CPU timings comparable on a shared
     # machine (a multi-threaded decode step stalls whenever another process holds a core). None: torch default.
@@ -97,6 +134,11 @@ class GateConfig(_Frozen):
     model: str
     reference: Path = ENGINE_TEMPLATE
     parent: Path | None = None
+    # With a snapshot store: the reference (vanilla) and parent come from these snapshots, never from live folders.
+    store: Path | None = None
+    reference_snapshot: str | None = None
+    parent_snapshot: str | None = None
+    retain_dir: Path | None = None              # on PASS the judged candidate copy is copied here (what to retain)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     prepared_dir: Path | None = None            # default: data/prepared
     max_prompt_tokens: int = Field(768, ge=8)   # prompts are left-truncated (the chat turn's end is kept)
@@ -110,6 +152,8 @@ class GateConfig(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> "GateConfig":
+        if (self.reference_snapshot or self.parent_snapshot) and self.store is None:
+            raise ValueError("reference_snapshot / parent_snapshot need `store`")
         if self.checks.tf_max_tokens > self.checks.max_new_tokens:
             raise ValueError("checks.tf_max_tokens cannot exceed checks.max_new_tokens")
         return self
@@ -118,7 +162,8 @@ class GateConfig(_Frozen):
     def quick(cls, **values) -> "GateConfig":
         """Small sizes for a fast look (CPU, smoke tests): a few prompts, short outputs."""
         values.setdefault("checks", CheckSizes(n_dev=4, n_heldout_gsm8k=4, n_heldout_shapes=2, max_new_tokens=24,
-                                               tf_max_tokens=24, n_eos_probes=3))
+                                               tf_max_tokens=24, n_eos_probes=3, n_long=1,
+                                               long_context_tokens=1024))
         values.setdefault("speed", SpeedConfig(n_prompts=2, natural_max_new_tokens=32, fixed_max_new_tokens=32))
         values.setdefault("max_prompt_tokens", 256)
         return cls(**values)

@@ -1,8 +1,16 @@
 """Correctness: the candidate against the reference on the same prompts, in the same batch compositions.
 
-Order of work: the reference runs everything first (its outputs define the forced continuations and the EOS
-probes, and its second, differently-batched run calibrates the thresholds); then the candidate runs the same
-calls; then pure functions (checks.py) turn the two into named checks.
+Order of work: the reference runs everything first (its outputs define the forced continuations, the EOS
+probes and the stop-id requests; its next-token log-probs define the sampling targets; its second,
+differently-batched run calibrates the thresholds); then the candidate runs the same calls; then pure functions
+(checks.py) turn the two into named checks.
+
+Splits: dev and heldout (GSM8K and token-id shapes) as always; long_context (prompts of ~1.5k tokens, or what
+the model's context allows) and late (one dev prompt generated and teacher-forced for late_tokens tokens, so
+decode positions past 256 are checked), each checked like the others but for the exact-output rate, which a
+handful of requests cannot measure (greedy_valid judges their greedy tokens), and with tolerances calibrated on
+their own requests. Beyond the splits: sampling semantics (sampling.support, sampling.tv) and stop_token_ids
+(stop_ids).
 """
 from __future__ import annotations
 
@@ -11,25 +19,38 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..engine_host.client import Sampling
-from .calibration import calibrate, greedy_noise, noise_from_runs
+from .calibration import calibrate, greedy_noise, noise_from_runs, split_noise
 from .checks import (
     answer_problems,
+    empirical_tv,
     eos_problems,
+    expected_tv,
     first_divergence,
     forced_stats,
     greedy_agreement,
+    greedy_tv,
     length_problems,
     length_ratio,
     near_argmax,
     scoreable,
+    small_sample_slack,
+    stop_position,
+    stop_problems,
+    support_problems,
+    target_distribution,
+    temperature_for,
+    well_conditioned_top_p,
 )
-from .config import GateConfig
+from .config import CheckSizes, GateConfig
 from .engines import EngineHandle, GenerationOut, ScoreOut
+from .errors import ReferenceFailure
 from .schema import Calibration, CheckResult
 from .workloads import GateWorkloads, PromptSet
 
 PATHS = ("decode", "verify")   # score(): one decode step per token; verify(): M rows in one forward step
 SCAN_IDS = 512                 # single-token prompts scanned for EOS probes when no output contained an EOS
+SAMPLING_TOP = 64              # log-probs asked of the reference per sampling prompt (> sampling_top_k)
+STOP_SLACK = 4                 # tokens a stop-id request may run past the stop position (ignoring it shows)
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,8 @@ class Runs:
     gen_problems: dict[str, list[str]] = field(default_factory=dict)   # split -> "answered" problems
     scores: dict[tuple[str, str], list[ScoreOut] | None] = field(default_factory=dict)  # (split, path)
     probes: list[GenerationOut] | None = None
+    sampling: list[GenerationOut] | None = None
+    stop: list[GenerationOut] | None = None
 
 
 def _run_generations(engine: EngineHandle, wl: GateWorkloads, mixed: Mixed) -> tuple[Runs, list | None]:
@@ -83,6 +106,17 @@ def _run_generations(engine: EngineHandle, wl: GateWorkloads, mixed: Mixed) -> t
     runs.gen["heldout"] = _pick(mixed_out, mixed.heldout_at)
     runs.gen_problems["heldout"] = answer_problems(len(mixed.prompts), mixed_out, "generate (held-out batch)")
     return runs, mixed_out
+
+
+def _run_extra(engine: EngineHandle, runs: Runs, extra: dict[str, PromptSet]) -> None:
+    """The long-context and late-position requests, in one batch of their own."""
+    if not extra:
+        return
+    batch = [(split, i) for split, ps in extra.items() for i in range(len(ps))]
+    outs = engine.generate([list(extra[s].prompts[i]) for s, i in batch], [extra[s].sampling[i] for s, i in batch])
+    for split, ps in extra.items():
+        runs.gen[split] = _pick(outs, [k for k, (s, _) in enumerate(batch) if s == split])
+        runs.gen_problems[split] = answer_problems(len(batch), outs, f"generate ({' + '.join(extra)} batch)")
 
 
 def _run_scores(engine: EngineHandle, runs: Runs, sets: dict[str, PromptSet], forced: dict[str, list[list[int]]],
@@ -126,6 +160,186 @@ def _alone(engine: EngineHandle, ps: PromptSet, forced: list[list[int]] | None =
     return out
 
 
+# --- sampling semantics --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SamplingGroup:
+    """n seeded one-token requests of one prompt under one (temperature, top_k, top_p), and their exact target."""
+
+    label: str
+    prompt: tuple[int, ...]
+    ids: list[int]
+    lps: list[float]
+    temperature: float
+    top_k: int
+    top_p: float
+    q: dict[int, float]
+    seeds: list[int]
+
+
+def _sampling_plan(ref: EngineHandle, dev: PromptSet, sizes: CheckSizes, seed: int,
+                   vocab: int) -> list[SamplingGroup]:
+    prompts = [list(p) for p in dev.prompts[: sizes.n_sampling_prompts]]
+    if not prompts or vocab <= SAMPLING_TOP:
+        return []
+    scores = ref.score(prompts, [[0]] * len(prompts), top_k=SAMPLING_TOP)
+    groups = []
+    for i, (prompt, sc) in enumerate(zip(prompts, scores)):
+        ids, lps = sc.top_ids[0], sc.top_logprobs[0]
+        temp = temperature_for(lps, sizes.sampling_top_k, sizes.sampling_target_top)
+        nucleus = well_conditioned_top_p(lps, temp, sizes.sampling_top_k, sizes.sampling_top_p)
+        for top_p in (1.0, nucleus):
+            g = len(groups)
+            q = target_distribution(ids, lps, temp, sizes.sampling_top_k, top_p)
+            groups.append(SamplingGroup(
+                f"{dev.labels[i]} T={temp:.3g} top_k={sizes.sampling_top_k} top_p={top_p:g}", tuple(prompt), ids,
+                lps, temp, sizes.sampling_top_k, top_p, q,
+                [1 + seed * 1_000_003 + g * sizes.n_samples + k for k in range(sizes.n_samples)]))
+    return groups
+
+
+def _sampling_requests(groups: list[SamplingGroup]) -> tuple[list[list[int]], list[Sampling]]:
+    prompts, sampling = [], []
+    for g in groups:
+        for s in g.seeds:
+            prompts.append(list(g.prompt))
+            sampling.append(Sampling(max_new_tokens=1, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
+                                     seed=s, ignore_eos=True))
+    return prompts, sampling
+
+
+def _samples(groups: list[SamplingGroup], outs: list | None) -> list[list[int | None]] | None:
+    """Each group's sampled tokens (None: no token in that reply); None when the call failed."""
+    if outs is None:
+        return None
+    flat = [o.token_ids[0] if o is not None and o.token_ids else None for o in _pick(outs, list(range(
+        sum(len(g.seeds) for g in groups))))]
+    out, k = [], 0
+    for g in groups:
+        out.append(flat[k : k + len(g.seeds)])
+        k += len(g.seeds)
+    return out
+
+
+def _mean_tv(groups: list[SamplingGroup], samples: list[list[int | None]] | None) -> float | None:
+    if samples is None:
+        return None
+    return sum(empirical_tv(s, g.q) for g, s in zip(groups, samples)) / len(groups)
+
+
+def _sampling_noise(groups: list[SamplingGroup], ref_outs: list, alone: list[ScoreOut]) -> dict[str, float]:
+    """The reference's own TV, the analytic expected TV, and its log-prob noise (batched vs one at a time) with
+    the target shift that noise causes."""
+    n = len(groups[0].seeds)
+    lp_noise, shifts = 0.0, []
+    by_prompt: dict[tuple[int, ...], int] = {}
+    for g in groups:
+        by_prompt.setdefault(g.prompt, len(by_prompt))
+    for g in groups:
+        sc = alone[by_prompt[g.prompt]]
+        ids_a, lps_a = sc.top_ids[0], sc.top_logprobs[0]
+        other = dict(zip(ids_a, lps_a))
+        top = sorted(zip(g.ids, g.lps), key=lambda x: -x[1])[: g.top_k]
+        lp_noise = max([lp_noise] + [abs(lp - other[t]) for t, lp in top if t in other])
+        q_alone = target_distribution(ids_a, lps_a, g.temperature, g.top_k, g.top_p)
+        shifts.append(0.5 * sum(abs(g.q.get(t, 0.0) - q_alone.get(t, 0.0)) for t in set(g.q) | set(q_alone)))
+    return {"expected_tv": sum(expected_tv(list(g.q.values()), n) for g in groups) / len(groups),
+            "ref_tv": _mean_tv(groups, _samples(groups, ref_outs)), "shift_tv": sum(shifts) / len(shifts),
+            "logprob_noise": lp_noise}
+
+
+def _sampling_checks(groups: list[SamplingGroup], cand_outs: list | None, cal: Calibration,
+                     max_seq_len: int) -> list[CheckResult]:
+    n_req = sum(len(g.seeds) for g in groups)
+    samples = _samples(groups, cand_outs)
+    problems = answer_problems(n_req, cand_outs, "generate (sampling batch)")
+    problems += ["sampling " + p for p in length_problems(
+        _pick(cand_outs, list(range(n_req))) if cand_outs is not None else [], [1] * n_req,
+        [len(g.prompt) for g in groups for _ in g.seeds], max_seq_len, exact=[True] * n_req)]
+    outside = 0
+    sigma = cal.tolerance["sampling_margin"]
+    for g, s in zip(groups, samples or []):
+        found, count = support_problems(s, g.ids, g.lps, g.temperature, g.top_k, g.top_p, sigma, g.label)
+        problems += found
+        outside += count
+    tvs = [empirical_tv(s, g.q) for g, s in zip(groups, samples)] if samples is not None else []
+    value = sum(tvs) / len(tvs) if tvs else None
+    tol = cal.tolerance["sampling_tv"]
+    greedy = sum(greedy_tv(g.q) for g in groups) / len(groups)
+    n = len(groups[0].seeds)
+    support = CheckResult.rules("sampling.support", problems, n_req)
+    if not problems:
+        support = support.model_copy(update={
+            "detail": f"{n_req} samples in {len(groups)} settings, all inside the allowed top-k/top-p sets (up to "
+                      f"logit noise of {sigma:.3g} nats near the cuts)"})
+    return [
+        support,
+        CheckResult.bounded(
+            "sampling.tv", value, upper=tol,
+            detail=f"mean total-variation distance between {n} seeded samples and the exact target, over "
+                   f"{len(groups)} prompt/setting pairs (reference's own {cal.noise['sampling_ref_tv']:.3f}, "
+                   f"expected from sampling noise {cal.noise['sampling_expected_tv']:.3f}; an always-greedy "
+                   f"engine would score {greedy:.3f})"
+                   + (f"; {outside} samples outside the support" if outside else ""),
+            extra={"expected_tv": cal.noise["sampling_expected_tv"], "reference_tv": cal.noise["sampling_ref_tv"],
+                   "greedy_tv": greedy, "samples_per_setting": float(n),
+                   **{f"tv_{i}": tv for i, tv in enumerate(tvs)}}),
+    ]
+
+
+# --- stop_token_ids ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StopPlan:
+    prompts: list[list[int]]
+    sampling: list[Sampling]
+    expected: list[list[int]]   # the reference's greedy tokens through the stop id
+
+
+def _stop_plan(sets: dict[str, PromptSet], runs: Runs, eos_ids: list[int], n: int, vocab: int) -> StopPlan:
+    eos = set(eos_ids)
+    plan = StopPlan([], [], [])
+    for split, ps in sets.items():
+        for prompt, out in zip(ps.prompts, runs.gen[split]):
+            if len(plan.prompts) >= n:
+                return plan
+            ids = out.token_ids
+            j = stop_position(ids, eos_ids)
+            if j is None:
+                continue
+            k = len(plan.prompts)
+            # alternate: ignore_eos (only the stop id may end it) / EOS on too, where no EOS comes first
+            ignore = k % 2 == 0 or any(t in eos for t in ids[: j + 1])
+            stops: tuple[int, ...] = (ids[j],)
+            if k % 4 >= 2:  # a second, unused stop id first: every id of the tuple counts
+                unused = next((t for t in range(vocab) if t not in set(ids) and t not in eos), None)
+                stops = (unused, ids[j]) if unused is not None else stops
+            plan.prompts.append(list(prompt))
+            plan.sampling.append(Sampling(max_new_tokens=min(j + 1 + STOP_SLACK, len(ids)), ignore_eos=ignore,
+                                          stop_token_ids=stops))
+            plan.expected.append(ids[: j + 1])
+    return plan
+
+
+def _stop_violations(plan: StopPlan, outs: list | None, eos_ids: list[int]) -> list[str]:
+    problems = answer_problems(len(plan.prompts), outs, "generate (stop-id batch)")
+    return problems + stop_problems(_pick(outs, list(range(len(plan.prompts)))) if outs is not None else [],
+                                    plan.expected, [s.stop_token_ids for s in plan.sampling],
+                                    [s.ignore_eos for s in plan.sampling], eos_ids,
+                                    [s.max_new_tokens for s in plan.sampling])
+
+
+def _stop_check(plan: StopPlan, outs: list | None, eos_ids: list[int]) -> CheckResult:
+    if not plan.prompts:
+        return CheckResult.skip("stop_ids", "no reference output has a token first appearing at positions 2..8")
+    problems = _stop_violations(plan, outs, eos_ids)
+    result = CheckResult.rules("stop_ids", problems, len(plan.prompts))
+    if not problems:
+        exact = sum(o.token_ids == e and o.finish_reason == "stop" for o, e in zip(outs, plan.expected))
+        result = result.model_copy(update={
+            "detail": f"{len(plan.prompts)} requests with stop_token_ids; {exact} ended exactly at the reference's "
+                      f"stop position with finish 'stop'"})
+    return result
+
+
 @dataclass(frozen=True)
 class CorrectnessOutcome:
     checks: list[CheckResult]
@@ -137,17 +351,25 @@ def run_correctness(ref: EngineHandle, cand: EngineHandle, wl: GateWorkloads, co
                     eos_ids: list[int], vocab: int) -> CorrectnessOutcome:
     th, sizes = config.thresholds, config.checks
     sets = {k: v for k, v in (("dev", wl.dev), ("heldout", wl.heldout)) if len(v)}
+    extra = {k: v for k, v in (("long_context", wl.long), ("late", wl.late)) if len(v)}
+    every = {**sets, **extra}
     mixed = mix(wl.dev, wl.heldout)
     eos = set(eos_ids)
+    max_seq_len = wl.budget.max_seq_len
 
-    # --- reference: outputs, forced continuations, EOS probes, and its own noise --------------------------------
+    # --- reference: outputs, forced continuations, EOS probes, sampling targets, stop-id requests ---------------
     r, r_mixed = _run_generations(ref, wl, mixed)
+    _run_extra(ref, r, extra)
     r_dev_in_mixed = _pick(r_mixed, mixed.dev_at)
     forced = {split: [o.token_ids[: sizes.tf_max_tokens] for o in r.gen[split]] for split in sets}
-    _run_scores(ref, r, sets, forced, th.top_k)
+    forced.update({split: [o.token_ids for o in r.gen[split]] for split in extra})
+    _run_scores(ref, r, every, forced, th.top_k)
     probe_prompts = _mine_probes(ref, sets, r, eos, sizes.n_eos_probes, vocab)
     probe_sampling = [Sampling(max_new_tokens=sizes.probe_new_tokens)] * len(probe_prompts)
     r.probes = ref.generate(probe_prompts, probe_sampling) if probe_prompts else []
+    groups = _sampling_plan(ref, wl.dev, sizes, config.seed, vocab)
+    sampling_prompts, sampling_params = _sampling_requests(groups)
+    stop = _stop_plan(sets, r, eos_ids, sizes.n_stop, vocab)
 
     def calibration() -> Calibration:
         alone_gen = [o for ps in sets.values() for o in _alone(ref, ps)]
@@ -157,13 +379,36 @@ def run_correctness(ref: EngineHandle, cand: EngineHandle, wl: GateWorkloads, co
         natural = [not sp.ignore_eos for ps in sets.values() for sp in ps.sampling]
         g_agree, len_noise = greedy_noise(batched_gen, alone_gen, natural)
         noise = noise_from_runs(alone_forced, g_agree, len_noise, greedy_agreement(r.gen["dev"], r_dev_in_mixed))
-        return calibrate(noise, th, positions=sum(len(f) for fs in forced.values() for f in fs),
-                         requests=len(batched_gen))
+        # The extra splits get their own noise (long contexts may legitimately be noisier), so adding them leaves
+        # the dev/held-out tolerances exactly as they were.
+        # A one-request split is scored alone already (score/verify run per split): that run would repeat the
+        # same composition, so it is skipped (noise 0). The extra splits have no exact-output check, so their
+        # greedy outputs need no second run either.
+        splits = {s: split_noise([forced_stats(r.scores[(s, p)], _alone(ref, ps, forced[s], p, th.top_k)
+                                               if len(ps) > 1 else r.scores[(s, p)]) for p in PATHS],
+                                 greedy_agreement(r.gen[s], r.gen[s]))
+                  for s, ps in extra.items()}
+        sampling = None
+        if groups:
+            r.sampling = ref.generate(sampling_prompts, sampling_params)
+            prompts = list(dict.fromkeys(g.prompt for g in groups))
+            alone = [o for p in prompts for o in ref.score([list(p)], [[0]], top_k=SAMPLING_TOP)]
+            sampling = _sampling_noise(groups, r.sampling, alone)
+        if stop.prompts:
+            r.stop = ref.generate(stop.prompts, stop.sampling)
+            own = _stop_violations(stop, r.stop, eos_ids)
+            if own:
+                raise ReferenceFailure(f"the reference breaks the stop_token_ids rules: {own[0]}")
+        return calibrate(noise, th, positions=sum(len(f) for s in sets for f in forced[s]),
+                         requests=len(batched_gen), splits=splits, sampling=sampling)
 
     def candidate_runs() -> tuple[Runs, list]:  # the same calls, the same compositions
         c, c_mixed = _run_generations(cand, wl, mixed)
-        _run_scores(cand, c, sets, forced, th.top_k)
+        _run_extra(cand, c, extra)
+        _run_scores(cand, c, every, forced, th.top_k)
         c.probes = cand.generate(probe_prompts, probe_sampling) if probe_prompts else []
+        c.sampling = cand.generate(sampling_prompts, sampling_params) if groups else []
+        c.stop = cand.generate(stop.prompts, stop.sampling) if stop.prompts else []
         return c, _pick(c_mixed, mixed.dev_at)
 
     # The reference's own-noise runs and the candidate's runs need nothing from each other: run them at once
@@ -174,38 +419,72 @@ def run_correctness(ref: EngineHandle, cand: EngineHandle, wl: GateWorkloads, co
 
     checks: list[CheckResult] = []
     for split, ps in sets.items():
-        checks += _split_checks(split, ps, r, c, forced[split], cal, wl.budget.max_seq_len, eos_ids)
-        checks.append(_validity_check(split, ref, ps, c.gen.get(split), th.greedy_margin, cal, vocab,
-                                      wl.budget.max_seq_len))
+        checks += _split_checks(split, ps, r, c, forced[split], cal.tolerance, max_seq_len, eos_ids)
+        checks.append(_validity_check(split, ref, ps, c.gen.get(split), th.greedy_margin, cal.tolerance, vocab,
+                                      max_seq_len, forced[split], r.scores[(split, "decode")]))
     checks.append(_consistency_check(c.gen.get("dev"), c_dev_in_mixed, cal))
     checks += _probe_checks(probe_prompts, r.probes, c.probes, cal, eos_ids, sizes.probe_new_tokens,
-                            wl.budget.max_seq_len)
+                            max_seq_len)
+    if sizes.n_long and "long_context" not in extra:
+        checks.append(CheckResult.skip("long_context", f"no long-context prompts: {wl.long_note}"))
+    for split, ps in extra.items():
+        tol = _split_tolerance(cal, split)
+        checks += _split_checks(split, ps, r, c, forced[split], tol, max_seq_len, eos_ids, few=True)
+        checks.append(_validity_check(split, ref, ps, c.gen.get(split), th.greedy_margin, tol, vocab, max_seq_len,
+                                      forced[split], r.scores[(split, "decode")], agreement=greedy_agreement(
+                                          r.gen[split], c.gen.get(split))))
+    if groups:
+        checks += _sampling_checks(groups, c.sampling, cal, max_seq_len)
+    elif sizes.n_sampling_prompts and len(wl.dev):
+        why = f"the vocabulary ({vocab}) is too small for a top-{SAMPLING_TOP} target"
+        checks += [CheckResult.skip("sampling.support", why), CheckResult.skip("sampling.tv", why)]
+    if sizes.n_stop:
+        checks.append(_stop_check(stop, c.stop, eos_ids))
     counts = {"dev_prompts": len(wl.dev), "heldout_prompts": len(wl.heldout), "eos_probes": len(probe_prompts),
               **{f"{s}_forced_positions": sum(map(len, forced[s])) for s in sets}}
+    if extra:
+        counts.update({f"{s}_prompts": len(extra[s]) for s in extra})
+        counts.update({f"{s}_forced_positions": sum(map(len, forced[s])) for s in extra})
+        counts.update({f"{s}_prompt_tokens": max(map(len, extra[s].prompts)) for s in extra})
+    if groups:
+        counts["sampling_requests"] = len(sampling_prompts)
+    if sizes.n_stop:
+        counts["stop_requests"] = len(stop.prompts)
     return CorrectnessOutcome(checks, cal, counts)
 
 
-def _split_checks(split: str, ps: PromptSet, r: Runs, c: Runs, forced: list[list[int]], cal: Calibration,
-                  max_seq_len: int, eos_ids: list[int]) -> list[CheckResult]:
-    tol = cal.tolerance
+def _split_tolerance(cal: Calibration, split: str) -> dict[str, float]:
+    """The dev/held-out tolerances, with an extra split's own calibrated ones where it has them."""
+    return {**cal.tolerance, **{k.removeprefix(f"{split}."): v for k, v in cal.tolerance.items()
+                                if k.startswith(f"{split}.")}}
+
+
+def _split_checks(split: str, ps: PromptSet, r: Runs, c: Runs, forced: list[list[int]], tol: dict[str, float],
+                  max_seq_len: int, eos_ids: list[int], few: bool = False) -> list[CheckResult]:
+    """few: a split of a handful of requests (long_context, late). Its exact-output rate cannot be judged (with two
+    prompts one bf16 near-tie halves it; the GPU run of a legitimate kernel change scored 0.5), so greedy
+    behaviour is judged by greedy_valid alone; and its top-1 bound gets the small-sample slack of its positions."""
     cand_gen = c.gen.get(split)
     answered = list(c.gen_problems.get(split, []))
     for path in PATHS:
         answered += answer_problems(len(ps), c.scores.get((split, path)), path, [len(f) for f in forced])
     agree = greedy_agreement(r.gen[split], cand_gen)
     natural = [not s.ignore_eos for s in ps.sampling]
+    exact_len = [s.ignore_eos and not s.stop_token_ids for s in ps.sampling]
     out = [
         CheckResult.rules(f"{split}.answered", answered, len(ps)),
         CheckResult.rules(f"{split}.lengths", length_problems(cand_gen, [s.max_new_tokens for s in ps.sampling],
-                                                              [len(p) for p in ps.prompts], max_seq_len), len(ps)),
+                                                              [len(p) for p in ps.prompts], max_seq_len, exact_len),
+                          len(ps)),
         CheckResult.rules(f"{split}.eos", eos_problems(cand_gen, [s.ignore_eos for s in ps.sampling], eos_ids,
                                                        [s.stop_token_ids for s in ps.sampling]), len(ps)),
-        CheckResult.bounded(f"{split}.greedy_exact", agree.exact_rate, lower=1 - tol["greedy"],
-                            detail=f"token-exact {agree.exact_rate:.3f} of {agree.requests} requests, mean first "
-                                   f"divergence at token {agree.mean_first_divergence:.1f}",
-                            extra={"mean_first_divergence": agree.mean_first_divergence,
-                                   "requests": float(agree.requests)}),
     ]
+    if not few:
+        out.append(CheckResult.bounded(f"{split}.greedy_exact", agree.exact_rate, lower=1 - tol["greedy"],
+                                       detail=f"token-exact {agree.exact_rate:.3f} of {agree.requests} requests, "
+                                              f"mean first divergence at token {agree.mean_first_divergence:.1f}",
+                                       extra={"mean_first_divergence": agree.mean_first_divergence,
+                                              "requests": float(agree.requests)}))
     if any(natural):
         ratio = length_ratio(r.gen[split], cand_gen, natural)
         out.append(CheckResult.bounded(f"{split}.natural_length", ratio, 1 - tol["length"], 1 + tol["length"],
@@ -218,7 +497,9 @@ def _split_checks(split: str, ps: PromptSet, r: Runs, c: Runs, forced: list[list
         out += [
             CheckResult.bounded(f"{split}.{path}.kl", st.kl, upper=tol["kl"],
                                 detail=f"mean KL(ref||cand) on the reference's top-k, {where}", extra=pos),
-            CheckResult.bounded(f"{split}.{path}.top1", st.top1, lower=1 - tol["top1"],
+            CheckResult.bounded(f"{split}.{path}.top1", st.top1,
+                                lower=1 - tol["top1"] - (small_sample_slack(tol["top1"], st.expected_positions)
+                                                         if few else 0.0),
                                 detail=f"top-1 agreement, {where}", extra=pos),
             CheckResult.bounded(f"{split}.{path}.ppl_ratio", st.ppl_ratio, math.exp(-tol["ppl"]), math.exp(tol["ppl"]),
                                 detail=f"perplexity of the forced tokens, cand/ref, {where}", extra=pos),
@@ -227,27 +508,37 @@ def _split_checks(split: str, ps: PromptSet, r: Runs, c: Runs, forced: list[list
 
 
 def _validity_check(split: str, ref: EngineHandle, ps: PromptSet, outs: list | None, margin: float,
-                    cal: Calibration, vocab: int, max_seq_len: int) -> CheckResult:
+                    tol: dict[str, float], vocab: int, max_seq_len: int, forced: list[list[int]] | None = None,
+                    forced_scores: list[ScoreOut] | None = None, agreement=None) -> CheckResult:
     """The candidate's own greedy outputs, teacher-forced through the reference: every token should be the
     reference's top-1 up to a near-tie. Robust where exact agreement is not (after a bf16 near-tie the outputs
-    go separate ways, yet each stays a valid greedy continuation), and it catches made-up or misplaced outputs."""
+    go separate ways, yet each stays a valid greedy continuation), and it catches made-up or misplaced outputs.
+    An output identical to the reference's forced continuation reuses the reference's decode-path score of it
+    (the same call on the same tokens) instead of scoring it again."""
     total = bad = 0
-    prompts, conts = [], []
-    for prompt, sp, out in zip(ps.prompts, ps.sampling, outs or []):
+    prompts, conts, known = [], [], []
+    for i, (prompt, sp, out) in enumerate(zip(ps.prompts, ps.sampling, outs or [])):
         if out is None or sp.temperature > 0:
             continue  # missing replies are the "answered" check's business
         total += max(len(out.token_ids), 1)
-        if scoreable(prompt, out, sp.max_new_tokens, vocab, max_seq_len):
+        if forced is not None and forced_scores is not None and i < len(forced) and out.token_ids == forced[i]:
+            known.append(forced_scores[i])
+        elif scoreable(prompt, out, sp.max_new_tokens, vocab, max_seq_len):
             prompts.append(list(prompt))
             conts.append(out.token_ids)
         else:
             bad += max(len(out.token_ids), 1)
     valid = near_argmax(ref.score(prompts, conts, top_k=1), margin) if prompts else 0
+    valid += near_argmax(known, margin)
     rate = valid / total if total else None
-    return CheckResult.bounded(f"{split}.greedy_valid", rate, lower=1 - cal.tolerance["top1"],
+    # a split of a few requests (agreement given) gets the small-sample slack of its token count
+    slack = small_sample_slack(tol["top1"], total) if agreement is not None else 0.0
+    same = "" if agreement is None else (f"; token-exact {agreement.exact_rate:.3f} of {agreement.requests} outputs, "
+                                         f"mean first divergence at token {agreement.mean_first_divergence:.1f}")
+    return CheckResult.bounded(f"{split}.greedy_valid", rate, lower=1 - tol["top1"] - slack,
                                detail=f"{valid} of {total} generated tokens are the reference's top-1 within "
                                       f"{margin:g} nats, scored on the candidate's own outputs"
-                                      + (f"; {bad} tokens in unscoreable outputs" if bad else ""))
+                                      + (f"; {bad} tokens in unscoreable outputs" if bad else "") + same)
 
 
 def _consistency_check(dev: list | None, dev_in_mixed: list, cal: Calibration) -> CheckResult:

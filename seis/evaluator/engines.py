@@ -59,12 +59,12 @@ class EngineHandle:
     one (candidate, parent) records it in `failures` and returns None, so the gate can keep judging."""
 
     def __init__(self, role: str, engine_dir: Path, model_dir: Path, options: dict, isolation: Isolation,
-                 deadline: Deadline, build_timeout_s: float, call_timeout_s: float, trusted: bool):
+                 deadline: Deadline, build_timeout_s: float, call_timeout_s: float, trusted: bool,
+                 cache_dir: Path | None = None):
         self.role, self.trusted, self.deadline = role, trusted, deadline
         self.build_timeout_s, self.call_timeout_s = build_timeout_s, call_timeout_s
-        self.proc = EngineProcess(engine_dir, model_dir, options, timeout_s=call_timeout_s,
-                                  base_env=isolation.base_env, launcher=isolation.launcher,
-                                  rlimits=isolation.rlimits)
+        self.proc = EngineProcess(engine_dir, model_dir, options, timeout_s=call_timeout_s, env=isolation.env,
+                                  memory_bytes=isolation.memory_limit_bytes, cache_dir=cache_dir)
         self.failures: list[Failure] = []
         self.timed_out = False
         self.build_info: dict[str, Any] | None = None
@@ -75,9 +75,17 @@ class EngineHandle:
         return self.build_info is not None and not self.timed_out and self.proc.proc is not None \
             and self.proc.proc.poll() is None
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.proc.pid if self.usable else None
+    def pids(self) -> list[int]:
+        """Every process of this engine's sandbox."""
+        return self.proc.pids()
+
+    def freeze(self) -> None:
+        if self.proc.box is not None:
+            self.proc.box.freeze()
+
+    def thaw(self) -> None:
+        if self.proc.box is not None:
+            self.proc.box.thaw()
 
     def start(self) -> None:
         self.proc.start()

@@ -3,21 +3,23 @@ speed, and return one validated GateResult. Also the dev benchmark agents may ru
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..engine_import import ENGINE_TEMPLATE
 from .config import GateConfig
 from .correctness import run_correctness
+from ..sandbox import SandboxError
 from .engines import Deadline, EngineHandle, start_and_build
-from .errors import GateInputError
-from .isolation import OFFLINE_ENV, Isolation, make_isolation
+from .errors import GateInputError, ReferenceFailure
+from .isolation import OFFLINE_ENV, VISIBLE, Isolation, make_isolation
 from .schema import CheckResult, DevBenchmarkResult, GateResult, Hashes, IsolationRecord
-from .snapshot import Snapshot, files_sha256, snapshot
+from .snapshot import Snapshot, files_sha256, snapshot, tree_sha256
 from .speed import measure_speed
+from .timed import timed_checks
 from .workloads import load_gate_workloads, load_speed_workloads, read_model_limits
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # seis/
@@ -45,18 +47,6 @@ def resolve_device(name: str) -> str:
     return "cpu"
 
 
-def hidden_paths(config: GateConfig) -> tuple[Path, ...]:
-    """What engine processes must not read: the workloads (held-out prompts included), their GSM8K source and
-    the evaluator's own code and thresholds."""
-    from ..workloads import DEFAULT_PREPARED_DIR, WorkloadDataError, resolve_gsm8k_dir
-    paths = [Path(config.prepared_dir or DEFAULT_PREPARED_DIR), Path(__file__).resolve().parent]
-    try:
-        paths.append(resolve_gsm8k_dir())
-    except WorkloadDataError:
-        pass  # no GSM8K source on this machine: nothing to hide
-    return tuple(paths)
-
-
 def _resolve_model(name: str) -> Path:
     from ..models import ModelError, resolve_model
     try:
@@ -70,22 +60,61 @@ class _Setup:
     model_dir: Path
     device: str
     isolation: Isolation
-    snaps: dict[str, Snapshot]  # role -> snapshot
+    snaps: dict[str, Snapshot]  # role -> private copy
+    snapshot_ids: dict[str, str]  # role -> store id it was restored from
+    cache_root: Path
+
+
+def _restore(config: GateConfig, snapshot_id: str, dest: Path, what: str) -> Path:
+    from ..store import SnapshotStore, StoreError, UnknownSnapshotError
+    try:
+        return SnapshotStore(config.store, use_dvc=None).get(snapshot_id, dest)
+    except (StoreError, UnknownSnapshotError) as e:
+        raise GateInputError(f"the {what} snapshot {snapshot_id} cannot be restored: {e}") from None
+
+
+def _sources(config: GateConfig, tmp: Path, roles: dict[str, Path | None]) -> tuple[dict[str, Path], dict[str, str]]:
+    """Each role's tree: the trusted ones from the snapshot store when the config names snapshots."""
+    sources, ids = {r: p for r, p in roles.items() if p}, {}
+    for role, sid in (("vanilla", config.reference_snapshot), ("parent", config.parent_snapshot)):
+        if sid and role in roles:
+            sources[role] = _restore(config, sid, tmp / "store" / role, "reference" if role == "vanilla" else role)
+            ids[role] = sid
+    return sources, ids
 
 
 def _setup(config: GateConfig, tmp: Path, roles: dict[str, Path | None]) -> _Setup:
-    """Everything that can be refused before an engine starts: model, device, candidate trees."""
+    """Everything that can be refused before an engine starts: model, device, sandbox, candidate trees."""
     limit = config.isolation.max_tree_mb * 2**20
+    sources, ids = _sources(config, tmp, roles)
     snaps = {role: snapshot(src, tmp / role, what="reference" if role == "vanilla" else role, max_bytes=limit)
-             for role, src in roles.items() if src}
+             for role, src in sources.items()}
     model_dir = _resolve_model(config.model)
     device = resolve_device(config.device)
     from ..workloads import WorkloadDataError, ensure_prepared
     try:
-        ensure_prepared(config.prepared_dir)  # before isolation is set up: it hides this directory
+        ensure_prepared(config.prepared_dir)
     except WorkloadDataError as e:
         raise GateInputError(f"{e} (prepared workloads dir: {config.prepared_dir or 'data/prepared'})") from None
-    return _Setup(model_dir, device, make_isolation(device, config.isolation, hidden_paths(config)), snaps)
+    return _Setup(model_dir, device, make_isolation(device, config.isolation), snaps, ids, tmp)
+
+
+def _cache_dir(setup: _Setup, role: str, trusted: bool) -> Path:
+    """JIT caches (Triton, FlashInfer): a trusted engine keeps its own across gates, keyed by its tree; an
+    untrusted one gets a fresh directory seeded with a copy of the reference's, which it can fill but never
+    hand on to anything trusted."""
+    from ..models.cache import cache_dir
+    ref = setup.snaps.get("vanilla")
+    trusted_dir = cache_dir() / "engine-cache" / (ref.sha256[:16] if ref else "none")
+    if trusted:
+        trusted_dir.mkdir(parents=True, exist_ok=True)
+        return trusted_dir
+    own = setup.cache_root / f"cache-{role}"
+    if trusted_dir.is_dir():
+        shutil.copytree(trusted_dir, own, symlinks=True)
+    else:
+        own.mkdir()
+    return own
 
 
 def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[str]) -> dict[str, EngineHandle]:
@@ -98,18 +127,17 @@ def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[s
         # Per-call limits are for untrusted code; the trusted reference is bounded by the gate's deadline alone.
         build_s, call_s = (iso.gate_timeout_s,) * 2 if role in trusted else (iso.build_timeout_s, iso.call_timeout_s)
         handles[role] = EngineHandle(role, snap.path, setup.model_dir, options, setup.isolation, deadline,
-                                     build_s, call_s, trusted=role in trusted)
+                                     build_s, call_s, trusted=role in trusted,
+                                     cache_dir=_cache_dir(setup, role, role in trusted))
     return handles
 
 
 def _isolation_record(config: GateConfig, iso: Isolation) -> IsolationRecord:
     c = config.isolation
-    return IsolationRecord(network_isolated=iso.network_isolated, network_method=iso.network_method,
-                           memory_limit=iso.memory_limit, memory_limit_bytes=iso.memory_limit_bytes,
-                           hidden_paths=list(iso.hidden_paths),
-                           offline_env=dict(OFFLINE_ENV), env_keys=sorted(iso.base_env),
-                           build_timeout_s=c.build_timeout_s, call_timeout_s=c.call_timeout_s,
-                           gate_timeout_s=c.gate_timeout_s)
+    return IsolationRecord(sandbox=iso.sandbox, visible_paths=list(VISIBLE), memory_limit=iso.memory_limit,
+                           memory_limit_bytes=iso.memory_limit_bytes, offline_env=dict(OFFLINE_ENV),
+                           env_keys=iso.env_keys, build_timeout_s=c.build_timeout_s,
+                           call_timeout_s=c.call_timeout_s, gate_timeout_s=c.gate_timeout_s)
 
 
 def _engine_checks(cand: EngineHandle) -> list[CheckResult]:
@@ -126,13 +154,43 @@ def _engine_checks(cand: EngineHandle) -> list[CheckResult]:
 
 
 def _close(handles: dict[str, EngineHandle]) -> None:
+    """End every engine's sandbox; each close returns only when no process of it is left."""
+    errors = []
     for h in handles.values():
-        h.close()
+        try:
+            h.close()
+        except SandboxError as e:
+            errors.append(f"{h.role}: {e}")
+    if errors:  # a gate must not end while untrusted code still runs
+        raise ReferenceFailure("engine processes survived the gate: " + "; ".join(errors))
+
+
+def _unchanged(snaps: dict[str, Snapshot]) -> tuple[bool, list[CheckResult]]:
+    """Hash every private copy again now that no engine runs: the trusted ones must not have changed (else the
+    gate has no verdict), the candidate's change is a failed check."""
+    changed = {role for role, snap in snaps.items() if tree_sha256(snap.path) != snap.sha256}
+    trusted = changed - {"candidate"}
+    if trusted:
+        raise ReferenceFailure(f"the {', '.join(sorted(trusted))} tree changed during the gate")
+    check = CheckResult.bounded("engine.tree_unchanged", 0.0 if "candidate" in changed else 1.0, lower=1.0,
+                                detail="the candidate's copy changed while it ran" if changed else
+                                "every engine tree hashed the same before and after")
+    return not changed, [check]
+
+
+def _retain(snap: Snapshot, dest: Path) -> None:
+    """Copy exactly the judged tree to dest, and prove it is that tree."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(snap.path, dest)
+    if tree_sha256(dest) != snap.sha256:
+        raise ReferenceFailure(f"the retained copy in {dest} does not hash as the judged tree")
 
 
 def run_gate(config: GateConfig) -> GateResult:
     """Judge config.candidate against the reference. Raises GateInputError for bad input and ReferenceFailure if
-    the reference itself breaks; anything the candidate does wrong ends up as a failed check instead."""
+    the reference itself breaks; anything the candidate does wrong ends up as a failed check instead. The
+    result is built only after every engine process is gone."""
     t0, started = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="seis-gate-") as tmp:
@@ -159,20 +217,26 @@ def run_gate(config: GateConfig) -> GateResult:
             if config.speed.enabled and wl.speed and (correct or config.speed.run_on_fail) and cand.usable:
                 mark = time.monotonic()
                 order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
-                speed = measure_speed(order, wl.speed, config.speed, setup.device)
+                speed, timed = measure_speed(order, wl.speed, config.speed, setup.device)
                 timings["speed"] = time.monotonic() - mark
+                mark = time.monotonic()
+                checks += timed_checks(ref, timed, calibration, config.thresholds.greedy_margin,
+                                       ref.build_info["eos_token_ids"], vocab, wl.budget.max_seq_len)
+                timings["timed_checks"] = time.monotonic() - mark
             stats = {role: h.stats() for role, h in handles.items() if h.usable}
         finally:
             _close(handles)
-        checks = _engine_checks(cand) + checks
+        unchanged, tree_checks = _unchanged(setup.snaps)
+        checks = _engine_checks(cand) + tree_checks + checks
         failed = [c.name for c in checks if not c.passed]
         snaps = setup.snaps
         hashes = Hashes(candidate_tree=snaps["candidate"].sha256, reference_tree=snaps["vanilla"].sha256,
                         parent_tree=snaps["parent"].sha256 if "parent" in snaps else None,
+                        snapshots=setup.snapshot_ids, trees_unchanged=unchanged,
                         evaluator_source=evaluator_source_sha256(), workloads_manifest=wl.manifest_digest,
                         workloads=wl.digest(), thresholds=_sha(config.thresholds.model_dump_json()),
                         config=_sha(config.model_dump_json()))
-        return GateResult(
+        result = GateResult(
             verdict="fail" if failed else "pass", failed_checks=failed, checks=checks, calibration=calibration,
             speed=speed, hashes=hashes, isolation=_isolation_record(config, setup.isolation), model=config.model,
             model_dir=str(setup.model_dir), device=setup.device, candidate=str(snaps["candidate"].source),
@@ -181,21 +245,24 @@ def run_gate(config: GateConfig) -> GateResult:
             engine_stats={k: v for k, v in stats.items() if isinstance(v, dict)}, counts=counts,
             timings_s={k: round(v, 3) for k, v in timings.items()}, started_at=started,
             wall_s=round(time.monotonic() - t0, 3), config=config.model_dump(mode="json"))
+        if result.verdict == "pass" and config.retain_dir is not None:
+            _retain(snaps["candidate"], config.retain_dir)
+        return result
 
 
 def run_dev_benchmark(config: GateConfig) -> DevBenchmarkResult:
     """The dev speed table only (candidate, optional parent, vanilla E0): no correctness checks, no held-out data
-    and no thresholds, so it is safe to hand to agents. config.reference is ignored (vanilla is always E0)."""
+    and no thresholds, so it is safe to hand to agents. Vanilla is config.reference (or its snapshot)."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="seis-devbench-") as tmp:
         setup = _setup(config, Path(tmp), {"candidate": config.candidate, "parent": config.parent,
-                                           "vanilla": ENGINE_TEMPLATE})
+                                           "vanilla": config.reference})
         workloads, budget, _ = load_speed_workloads(config, setup.model_dir)
         handles = _handles(config, setup, budget.max_seq_len, trusted={"vanilla"})
         try:
             start_and_build(list(handles.values()))
             order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
-            table = measure_speed(order, workloads, config.speed, setup.device)
+            table, _ = measure_speed(order, workloads, config.speed, setup.device)
         finally:
             _close(handles)
         errors = [f"{role}: {f}" for role, h in handles.items() for f in h.failures]  # Failure.__str__

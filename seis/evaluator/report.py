@@ -49,9 +49,8 @@ def render_gate(result: GateResult) -> str:
     lines = [
         f"SEIS gate: candidate {result.candidate} (tree {result.hashes.candidate_tree[:12]}) vs reference "
         f"{result.reference} (tree {result.hashes.reference_tree[:12]})",
-        f"model {result.model} on {result.device}; wall {result.wall_s:.1f} s; isolation: snapshot, "
-        f"network {'isolated (' + iso.network_method + ')' if iso.network_isolated else 'NOT isolated'}, "
-        f"memory {iso.memory_limit}, offline env",
+        f"model {result.model} on {result.device}; wall {result.wall_s:.1f} s; sandbox: {iso.sandbox}; "
+        f"memory {iso.memory_limit}",
         "",
         "Correctness (candidate vs reference):",
         *render_checks(result.checks),
@@ -59,7 +58,8 @@ def render_gate(result: GateResult) -> str:
     if result.calibration:
         cal = result.calibration
         lines += ["", f"Calibration ({cal.requests} requests, {cal.positions} forced positions): "
-                  + ", ".join(f"{k} noise {cal.noise[k]:.3g} -> tol {cal.tolerance[k]:.3g}" for k in cal.noise)]
+                  + ", ".join(f"{k} noise {cal.noise.get(k, float('nan')):.3g} -> tol {cal.tolerance[k]:.3g}"
+                             for k in cal.tolerance)]
     if result.speed:
         lines += ["", *render_speed(result.speed)]
     lines.append("")
@@ -77,3 +77,23 @@ def render_dev_benchmark(result: DevBenchmarkResult) -> str:
     lines = [f"Dev benchmark: candidate tree {result.candidate_tree[:12]}, model {result.model}, "
              f"wall {result.wall_s:.1f} s", *render_speed(result.speed)]
     return "\n".join(lines + [f"error: {e}" for e in result.errors])
+
+
+# Checks on prompts agents may see and benchmark themselves; everything else (held-out prompts, EOS probes,
+# long contexts, the calibration) stays out of what agents read.
+AGENT_VISIBLE_PREFIXES = ("engine.", "dev.", "timed.")
+
+
+def render_gate_for_agents(result: GateResult) -> str:
+    """The verdict, the dev checks (no thresholds) and the dev speed table: what goes into report.md, which later
+    sessions' agents read. gate.json, outside every workspace, keeps the rest."""
+    shown = [c for c in result.checks if c.name.startswith(AGENT_VISIBLE_PREFIXES)]
+    hidden_failed = [c for c in result.checks if not c.passed and not c.name.startswith(AGENT_VISIBLE_PREFIXES)]
+    rows = [["ok" if c.passed else "FAIL", c.name, c.detail[:110]] for c in shown]
+    lines = [f"Gate verdict: {result.verdict.upper()} (candidate tree {result.hashes.candidate_tree[:12]}, "
+             f"model {result.model} on {result.device})", "", "Dev checks:", *_table(["", "check", "detail"], rows)]
+    if hidden_failed:
+        lines += ["", f"{len(hidden_failed)} held-out check(s) failed as well (details are not shown to agents)."]
+    if result.speed:
+        lines += ["", *render_speed(result.speed)]
+    return "\n".join(lines)

@@ -73,6 +73,8 @@ class Hashes(_Model):
     candidate_tree: str
     reference_tree: str
     parent_tree: str | None = None
+    snapshots: dict[str, str] = Field(default_factory=dict)  # role -> snapshot-store id the tree came from
+    trees_unchanged: bool = True    # every private copy hashed again after the engines were gone: identical
     evaluator_source: str
     workloads_manifest: str         # data/prepared/manifest.json digest
     workloads: str                  # the exact prompts, sampling and budgets this run used
@@ -82,13 +84,13 @@ class Hashes(_Model):
 
 class IsolationRecord(_Model):
     snapshot: bool = True           # engines ran from private copies, validated and hashed before the run
-    network_isolated: bool
-    network_method: str
+    sandbox: str                    # the sandbox every engine process ran in (seis.sandbox)
+    visible_paths: list[str]        # everything an engine process could see
     memory_limit: str
     memory_limit_bytes: int | None
-    hidden_paths: list[str] = Field(default_factory=list)  # covered by an empty tmpfs for the engine processes
     offline_env: dict[str, str]
     env_keys: list[str]             # names (not values) of the variables the engine processes received
+    frozen_while_timed: bool = True  # the other engines' sandboxes were stopped while one was timed
     build_timeout_s: float
     call_timeout_s: float
     gate_timeout_s: float
@@ -128,6 +130,9 @@ class SpeedTable(_Model):
     workloads: list[SpeedWorkloadInfo]
     rows: list[SpeedRow]
     pinned_cpu: int | None = None  # the one CPU all engine processes shared while timed; None: unpinned
+    prompt_nonce: str = ""         # in every timed prompt (unknowable to the engines in advance)
+    gpu_idle_waits: int = 0        # timed requests that had to wait for the GPU to drain first
+    gpu_idle_wait_s: float = 0.0
 
 
 class GateResult(_Model):

@@ -5,39 +5,60 @@ repetition (A B C, B C A, C A B, ...), so drift of the machine (clocks, other lo
 alike. The ratios are medians of per-request paired throughput ratios (same prompt, seconds apart), so one slow
 request or one slow pass moves them little. Times are taken in the gate process around each request: prefill +
 decode + a JSON round trip well under a millisecond, the same for every engine.
+
+What keeps the numbers honest: every repetition times prompts no engine has seen before (SpeedWorkload), so a
+cache of earlier answers earns nothing; while one engine is timed every other engine's sandbox is frozen
+(SIGSTOP on all of its processes) and, on a GPU, the device is idle before the request starts, so no engine can
+slow another down; and every timed output is kept, so the gate checks the timed path itself (timed.py).
 """
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass, field
 
 from ..benchmarks.stats import summarize
 from ..engine_host.affinity import pinned_together
 from .config import SpeedConfig
-from .engines import EngineHandle
+from .engines import EngineHandle, GenerationOut
+from .gpu_idle import GpuIdle
 from .schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
-from .workloads import SpeedWorkload
+from .workloads import PromptSet, SpeedWorkload
 
-METHOD = ("single request at a time over the dev prompts, greedy; engines interleaved per request in rotating "
-          "order; tok/s = generated tokens / summed request wall time of a pass; latency = median request wall "
-          "time of a pass; median (min-max) over repetitions; ratios = median over requests x repetitions of "
-          "paired per-request tok/s ratios")
+METHOD = ("single request at a time, greedy, fresh dev prompts in every repetition; engines interleaved per "
+          "request in rotating order, the others frozen and the GPU idle while one is timed; tok/s = generated "
+          "tokens / summed request wall time of a pass; latency = median request wall time of a pass; median "
+          "(min-max) over repetitions; ratios = median over requests x repetitions of paired per-request tok/s "
+          "ratios")
 
 Timing = tuple[int, float]  # generated tokens, wall seconds of one request
 
 
-def _one_request(engine: EngineHandle, prompt: list[int], sampling) -> Timing | None:
-    t0 = time.perf_counter()
-    out = engine.generate([prompt], [sampling])
-    elapsed = time.perf_counter() - t0
-    return (len(out[0].token_ids), elapsed) if out else None
+@dataclass
+class TimedOutputs:
+    """What each engine answered to each timed request, for the gate to check (timed.py)."""
+
+    sets: dict[str, list[PromptSet]] = field(default_factory=dict)       # workload -> the repetitions' prompts
+    outputs: dict[str, dict[str, list[list[GenerationOut | None]]]] = field(default_factory=dict)
+    # workload -> engine -> repetition -> request
 
 
-def _warm_up(engines: dict[str, EngineHandle], wl: SpeedWorkload, n: int) -> None:
-    for prompt, sampling in list(zip(wl.prompts.prompt_lists(), wl.prompts.sampling))[:n]:
-        for engine in engines.values():
-            if engine.usable:
-                _one_request(engine, prompt, sampling)
+def _timed_request(engine: EngineHandle, others: list[EngineHandle], idle: GpuIdle, prompt: list[int],
+                   sampling) -> tuple[Timing | None, GenerationOut | None]:
+    """One request with every other engine frozen and the GPU drained first."""
+    for other in others:
+        other.freeze()
+    try:
+        idle.wait()
+        t0 = time.perf_counter()
+        out = engine.generate([prompt], [sampling])
+        elapsed = time.perf_counter() - t0
+    finally:
+        for other in others:
+            other.thaw()
+    if not out:
+        return None, None
+    return (len(out[0].token_ids), elapsed), out[0]
 
 
 def _stat(values: list[float]) -> SpeedStat:
@@ -51,53 +72,74 @@ def _paired_ratio(a: list[list[Timing]], b: list[list[Timing]]) -> float:
 
 
 def measure_speed(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], cfg: SpeedConfig,
-                  device: str) -> SpeedTable:
+                  device: str) -> tuple[SpeedTable, TimedOutputs]:
     """engines: name -> handle (candidate, parent, vanilla); the rotation starts with the first. The engine
     processes share one CPU while they are timed (seis.engine_host.affinity says why)."""
-    pids = [h.pid for h in engines.values() if h.pid is not None]
+    pids = [pid for h in engines.values() for pid in h.pids()]
+    idle = GpuIdle(device)
     with pinned_together(pids) as cpu:
-        table = _measure(engines, workloads, cfg, device)
-    return table.model_copy(update={"pinned_cpu": cpu})
+        table, timed = _measure(engines, workloads, cfg, device, idle)
+    return table.model_copy(update={"pinned_cpu": cpu, "prompt_nonce": workloads[0].nonce if workloads else "",
+                                    "gpu_idle_waits": idle.waits,
+                                    "gpu_idle_wait_s": round(idle.waited_s, 3)}), timed
 
 
 def _measure(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], cfg: SpeedConfig,
-             device: str) -> SpeedTable:
+             device: str, idle: GpuIdle) -> tuple[SpeedTable, TimedOutputs]:
     rows: list[SpeedRow] = []
     names = list(engines)
+    timed = TimedOutputs()
     for wl in workloads:
-        _warm_up(engines, wl, cfg.warmup_requests)
-        requests = list(zip(wl.prompts.prompt_lists(), wl.prompts.sampling))
+        for prompt, sampling in zip(wl.warmup.prompt_lists(), wl.warmup.sampling):
+            for name, engine in engines.items():
+                if engine.usable:
+                    _timed_request(engine, [e for n, e in engines.items() if n != name], idle, prompt, sampling)
         passes: dict[str, list[list[Timing]]] = {n: [] for n in names}  # per repetition, per request
+        outs: dict[str, list[list[GenerationOut | None]]] = {n: [] for n in names}
         failed: dict[str, str] = {}
-        for rep in range(cfg.reps):
+        for rep, prompts in enumerate(wl.passes):
             for n in names:
                 passes[n].append([])
-            for i, (prompt, sampling) in enumerate(requests):
+                outs[n].append([])
+            for i, (prompt, sampling) in enumerate(zip(prompts.prompt_lists(), prompts.sampling)):
                 k = (rep + i) % len(names)
                 for name in names[k:] + names[:k]:
                     if name in failed:
+                        outs[name][-1].append(None)
                         continue
                     engine = engines[name]
-                    timing = _one_request(engine, prompt, sampling) if engine.usable else None
+                    others = [e for n, e in engines.items() if n != name]
+                    timing, out = _timed_request(engine, others, idle, prompt, sampling) if engine.usable \
+                        else (None, None)
+                    outs[name][-1].append(out)
                     if timing is None:
                         failed[name] = str(engine.failures[-1]) if engine.failures else "engine not usable"
                         continue
                     passes[name][-1].append(timing)
-        ok = {n for n in names if n not in failed and passes[n] and all(passes[n])}
-        for name in names:
-            good = name in ok
-            tps = [sum(t for t, _ in p) / sum(s for _, s in p) for p in passes[name]] if good else []
-            lat = [statistics.median(s for _, s in p) * 1e3 for p in passes[name]] if good else []
-            toks = [sum(t for t, _ in p) for p in passes[name]] if good else []
-            rows.append(SpeedRow(
-                workload=wl.name, engine=name, tokens_per_pass=statistics.median(toks) if toks else 0.0,
-                tok_per_s=_stat(tps) if good else None, latency_ms=_stat(lat) if good else None,
-                vs_parent=(_paired_ratio(passes[name], passes["parent"])
-                           if good and name != "parent" and "parent" in ok else None),
-                vs_vanilla=(_paired_ratio(passes[name], passes["vanilla"])
-                            if good and name != "vanilla" and "vanilla" in ok else None),
-                error=failed.get(name)))
-    infos = [SpeedWorkloadInfo(name=w.name, n_prompts=len(w.prompts), ignore_eos=w.prompts.sampling[0].ignore_eos,
-                               max_new_tokens=w.prompts.sampling[0].max_new_tokens, workload_digest=w.workload_digest)
-             for w in workloads if len(w.prompts)]
-    return SpeedTable(device=device, reps=cfg.reps, method=METHOD, workloads=infos, rows=rows)
+        timed.sets[wl.name] = list(wl.passes)
+        timed.outputs[wl.name] = outs
+        rows += _rows(wl.name, names, passes, failed)
+    infos = [SpeedWorkloadInfo(name=w.name, n_prompts=w.n_prompts, ignore_eos=w.sampling.ignore_eos,
+                               max_new_tokens=w.sampling.max_new_tokens, workload_digest=w.workload_digest)
+             for w in workloads if w.n_prompts]
+    return SpeedTable(device=device, reps=cfg.reps, method=METHOD, workloads=infos, rows=rows), timed
+
+
+def _rows(workload: str, names: list[str], passes: dict[str, list[list[Timing]]],
+          failed: dict[str, str]) -> list[SpeedRow]:
+    ok = {n for n in names if n not in failed and passes[n] and all(passes[n])}
+    rows = []
+    for name in names:
+        good = name in ok
+        tps = [sum(t for t, _ in p) / sum(s for _, s in p) for p in passes[name]] if good else []
+        lat = [statistics.median(s for _, s in p) * 1e3 for p in passes[name]] if good else []
+        toks = [sum(t for t, _ in p) for p in passes[name]] if good else []
+        rows.append(SpeedRow(
+            workload=workload, engine=name, tokens_per_pass=statistics.median(toks) if toks else 0.0,
+            tok_per_s=_stat(tps) if good else None, latency_ms=_stat(lat) if good else None,
+            vs_parent=(_paired_ratio(passes[name], passes["parent"])
+                       if good and name != "parent" and "parent" in ok else None),
+            vs_vanilla=(_paired_ratio(passes[name], passes["vanilla"])
+                        if good and name != "vanilla" and "vanilla" in ok else None),
+            error=failed.get(name)))
+    return rows

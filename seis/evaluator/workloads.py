@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,9 +54,23 @@ class PromptSet:
 
 @dataclass(frozen=True)
 class SpeedWorkload:
+    """One dev speed workload: a warm-up set and one set of prompts per timed repetition. The sets are disjoint
+    from each other, from every other speed workload and from the correctness checks' prompts, so no engine is
+    ever timed on a prompt it has already seen (an output cache earns nothing)."""
+
     name: str
     workload_digest: str       # the prepared DevWorkload definition it came from
-    prompts: PromptSet
+    warmup: PromptSet
+    passes: tuple[PromptSet, ...]
+    nonce: str = ""            # in every prompt of this gate's speed workloads
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.passes[0]) if self.passes else 0
+
+    @property
+    def sampling(self) -> Sampling:
+        return self.passes[0].sampling[0]
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,10 @@ class Budget:
     speed_prompt_cap: int
 
 
+EMPTY_LONG = PromptSet("long_context", (), (), ())
+EMPTY_LATE = PromptSet("late", (), (), ())
+
+
 @dataclass(frozen=True)
 class GateWorkloads:
     dev: PromptSet
@@ -72,12 +91,18 @@ class GateWorkloads:
     speed: tuple[SpeedWorkload, ...]
     budget: Budget
     manifest_digest: str
+    long: PromptSet = EMPTY_LONG       # long-context prompts (empty: none fit, or n_long = 0; see long_note)
+    late: PromptSet = EMPTY_LATE       # one dev prompt with a long greedy output (late decode positions)
+    long_note: str = ""                # why long is empty, or how it was capped
 
     def digest(self) -> str:
+        extra = {"long": _set_json(self.long), "late": _set_json(self.late)} if len(self.long) or len(self.late) \
+            else {}
         return _digest({"manifest": self.manifest_digest, "dev": _set_json(self.dev),
                         "heldout": _set_json(self.heldout), "budget": asdict(self.budget),
-                        "speed": [{"name": w.name, "workload": w.workload_digest, **_set_json(w.prompts)}
-                                  for w in self.speed]})
+                        "speed": [{"name": w.name, "workload": w.workload_digest,
+                                   "passes": [_set_json(p) for p in (w.warmup, *w.passes)]}
+                                  for w in self.speed], **extra})
 
 
 def _set_json(s: PromptSet) -> dict:
@@ -101,10 +126,15 @@ def _new_tokens(config: GateConfig, wl: DevWorkload) -> int:
 
 
 def make_budget(config: GateConfig, max_positions: int, speed_new: int | None) -> Budget:
-    """speed_new: the longest speed output, or None when speed is not measured."""
-    check_new = config.checks.max_new_tokens + config.checks.probe_new_tokens
+    """speed_new: the longest speed output, or None when speed is not measured. The engines' context also fits
+    the long-context prompts (long_context_tokens + long_new_tokens) and the late-positions request (a dev
+    prompt + late_tokens), as far as the model allows (what does not fit is shortened in load_gate_workloads)."""
+    sizes = config.checks
+    check_new = sizes.max_new_tokens + sizes.probe_new_tokens
     new = max(check_new, speed_new or 0)
-    max_seq_len = min(max_positions, config.max_prompt_tokens + new)
+    long_need = sizes.long_context_tokens + sizes.long_new_tokens if sizes.n_long else 0
+    late_need = config.max_prompt_tokens + sizes.late_tokens if sizes.late_tokens else 0
+    max_seq_len = min(max_positions, max(config.max_prompt_tokens + new, long_need, late_need))
     budget = Budget(max_seq_len, min(config.max_prompt_tokens, max_seq_len - check_new),
                     min(config.max_prompt_tokens, max_seq_len - (speed_new or 0)))
     if min(budget.check_prompt_cap, budget.speed_prompt_cap) < 8:
@@ -148,18 +178,35 @@ def _prepared(config: GateConfig, loader):
 
 
 def _speed_workloads(config: GateConfig, tok, cap: int) -> tuple[SpeedWorkload, ...]:
-    root = config.prepared_dir
-    dev_items = {item.id: item for item in _prepared(config, lambda: load_gsm8k_split("dev", root))}
+    root, sp = config.prepared_dir, config.speed
+    dev_items = _prepared(config, lambda: load_gsm8k_split("dev", root))
+    by_id = {item.id: item for item in dev_items}
+    checked = {item.id for item in dev_items[: config.checks.n_dev]}  # the correctness checks' dev prompts
+    workloads = _prepared(config, lambda: load_dev_workloads(root))
+    per_workload = sp.warmup_requests + sp.reps * sp.n_prompts
+    pool = [i for i in workloads[0].item_ids if i not in checked] if workloads else []
+    if len(pool) < per_workload * len(workloads):
+        raise GateInputError(f"the dev split has {len(pool)} prompts outside the correctness checks, but "
+                             f"{len(workloads)} speed workloads x ({sp.warmup_requests} warm-up + {sp.reps} "
+                             f"repetitions x {sp.n_prompts} prompts) need {per_workload * len(workloads)} distinct "
+                             f"ones; lower speed.n_prompts or speed.reps")
+    nonce = sp.prompt_nonce or secrets.token_hex(8)
     out = []
-    for wl in _prepared(config, lambda: load_dev_workloads(root)):
+    for k, wl in enumerate(workloads):
         new = _new_tokens(config, wl)
-        ids = wl.item_ids[: config.speed.n_prompts]
         sampling = Sampling(max_new_tokens=new, temperature=wl.temperature, ignore_eos=wl.ignore_eos)
-        prompts = PromptSet(wl.name, tuple(f"gsm8k-dev:{i}" for i in ids),
-                            tuple(_gsm8k_prompt(tok, dev_items[i].question, cap) for i in ids),
-                            (sampling,) * len(ids))
+        ids = pool[k * per_workload:(k + 1) * per_workload]
+
+        def prompt_set(part: list[str], label: str) -> PromptSet:
+            # The dev questions are public; the nonce line makes the exact prompts unknowable in advance.
+            return PromptSet(f"{wl.name}/{label}", tuple(f"gsm8k-dev:{i}" for i in part),
+                             tuple(_gsm8k_prompt(tok, f"{by_id[i].question}\n(request {nonce}-{i})", cap)
+                                   for i in part),
+                             (sampling,) * len(part))
+        warm, timed = ids[: sp.warmup_requests], ids[sp.warmup_requests:]
+        passes = tuple(prompt_set(timed[r * sp.n_prompts:(r + 1) * sp.n_prompts], f"rep{r}") for r in range(sp.reps))
         name = wl.name if new == wl.max_new_tokens else f"{wl.name}@{new}"  # sizes overridden (quick runs)
-        out.append(SpeedWorkload(name, wl.digest(), prompts))
+        out.append(SpeedWorkload(name, wl.digest(), prompt_set(warm, "warmup"), passes, nonce))
     return tuple(out)
 
 
@@ -204,5 +251,50 @@ def load_gate_workloads(config: GateConfig, model_dir: Path) -> GateWorkloads:
         (greedy,) * len(test_items)
         + tuple(Sampling(max_new_tokens=min(s.output_len, sizes.max_new_tokens), ignore_eos=shapes.ignore_eos)
                 for s in chosen))
+    long, long_note = _long_prompts(config, tok, budget.max_seq_len, shapes.shapes, allowed, limit, special)
+    late = EMPTY_LATE
+    if sizes.late_tokens and len(dev):
+        late_new = min(sizes.late_tokens, budget.max_seq_len - len(dev.prompts[0]))
+        if late_new >= 1:
+            late = PromptSet("late", (f"{dev.labels[0]}@{late_new}",), dev.prompts[:1],
+                             (Sampling(max_new_tokens=late_new, ignore_eos=True),))
     speed = _speed_workloads(config, tok, budget.speed_prompt_cap) if config.speed.enabled else ()
-    return GateWorkloads(dev, heldout, speed, budget, manifest.digest())
+    return GateWorkloads(dev, heldout, speed, budget, manifest.digest(), long, late, long_note)
+
+
+def _long_prompts(config: GateConfig, tok, max_seq_len: int, shapes, allowed: list[int], vocab: int,
+                  special: set[int]) -> tuple[PromptSet, str]:
+    """n_long prompts of long_context_tokens (or what fits): held-out shape ids (mapped into the vocabulary) followed
+    by several GSM8K test-split questions (chat-encoded, uncapped, beyond the held-out ones), keeping the end, so
+    every prompt closes with a whole question and an assistant header. Deterministic for a config and a model."""
+    sizes = config.checks
+    if sizes.n_long == 0:
+        return EMPTY_LONG, "n_long = 0"
+    length = min(sizes.long_context_tokens, max_seq_len - sizes.long_new_tokens)
+    if length < sizes.long_min_tokens:
+        return EMPTY_LONG, (f"only {length} prompt positions fit the model's context (max_seq_len {max_seq_len}), "
+                            f"fewer than long_min_tokens {sizes.long_min_tokens}")
+    test_items = _prepared(config, lambda: load_gsm8k_split("test", config.prepared_dir))
+    heads = sorted(shapes, key=lambda s: -s.prompt_len)
+    labels, prompts = [], []
+    for i in range(sizes.n_long):
+        tail: list[int] = []
+        first = (sizes.n_heldout_gsm8k + 8 * i) % len(test_items)
+        k = first
+        while len(tail) < length // 2:
+            tail += _gsm8k_prompt(tok, test_items[k % len(test_items)].question, length)
+            k += 1
+        head: list[int] = []
+        j = i
+        while heads and len(head) + len(tail) < length:
+            head += _shape_ids(heads[j % len(heads)].token_ids, allowed, vocab, special)
+            j += 1
+        while len(head) + len(tail) < length:  # no shapes at all: more questions
+            head = list(_gsm8k_prompt(tok, test_items[k % len(test_items)].question, length)) + head
+            k += 1
+        prompts.append(tuple((head + tail)[-length:]))
+        labels.append(f"long:{length}:gsm8k-test[{first}:{k}]")
+    note = f"{length} prompt tokens" + (f" (capped from {sizes.long_context_tokens} by the model's context)"
+                                        if length < sizes.long_context_tokens else "")
+    sampling = Sampling(max_new_tokens=sizes.long_new_tokens, ignore_eos=True)
+    return PromptSet("long_context", tuple(labels), tuple(prompts), (sampling,) * len(prompts)), note

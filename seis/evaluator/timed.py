@@ -1,0 +1,83 @@
+"""The timed path is a checked path: every output the candidate produced while it was being timed is judged
+against the reference on those same requests, so an engine cannot be fast only where nobody looks (a batch-of-one
+shortcut, layers skipped late in long outputs, junk while pinned, early fake EOS).
+
+Per speed workload, over all repetitions: every request answered; lengths and EOS rules; greedy token agreement
+with the reference's own timed outputs; the reference's scoring of the candidate's tokens (each its top-1 up to a
+near-tie); every EOS the candidate stopped at must be the reference's near-top-1 there; and at natural length the
+summed output length must match the reference's. Tolerances are the correctness checks' calibrated ones.
+"""
+from __future__ import annotations
+
+from .checks import (
+    answer_problems,
+    eos_problems,
+    greedy_agreement,
+    length_problems,
+    length_ratio,
+    near_argmax,
+    scoreable,
+)
+from .engines import EngineHandle, GenerationOut
+from .schema import Calibration, CheckResult
+from .speed import TimedOutputs
+
+
+def _flat(timed: TimedOutputs, workload: str, engine: str):
+    prompts = [p for ps in timed.sets[workload] for p in ps.prompts]
+    sampling = [s for ps in timed.sets[workload] for s in ps.sampling]
+    outs = [o for rep in timed.outputs[workload].get(engine, []) for o in rep]
+    return prompts, sampling, outs
+
+
+def _false_stops(scores, outs: list[GenerationOut], margin: float) -> list[str]:
+    problems = []
+    for i, (s, out) in enumerate(zip(scores, outs)):
+        if out.finish_reason == "stop" and s.token_logprobs and s.top_logprobs[-1]:
+            if s.token_logprobs[-1] < s.top_logprobs[-1][0] - margin:
+                problems.append(f"request {i}: stopped at token {out.token_ids[-1]} after {len(out.token_ids)} "
+                                f"tokens, {s.top_logprobs[-1][0] - s.token_logprobs[-1]:.2f} nats below the "
+                                f"reference's top-1 there")
+    return problems
+
+
+def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, margin: float, eos_ids: list[int],
+                 vocab: int, max_seq_len: int) -> list[CheckResult]:
+    tol = cal.tolerance
+    checks: list[CheckResult] = []
+    for wl in timed.sets:
+        prompts, sampling, cand = _flat(timed, wl, "candidate")
+        _, _, van = _flat(timed, wl, "vanilla")
+        name = f"timed.{wl}"
+        n = len(prompts)
+        answered = [f"request {i}: no reply" for i, o in enumerate(cand) if o is None] if cand else \
+            answer_problems(n, None, "timed generate")
+        if len(cand) not in (0, n):
+            answered.append(f"{len(cand)} timed replies for {n} requests")
+        checks.append(CheckResult.rules(f"{name}.answered", answered, n))
+        max_new = [s.max_new_tokens for s in sampling]
+        checks.append(CheckResult.rules(f"{name}.lengths",
+                                        length_problems(cand, max_new, [len(p) for p in prompts], max_seq_len), n))
+        checks.append(CheckResult.rules(f"{name}.eos", eos_problems(cand, [s.ignore_eos for s in sampling], eos_ids,
+                                                                    [s.stop_token_ids for s in sampling]), n))
+        present = [(p, o) for p, s, o in zip(prompts, sampling, cand)
+                   if o is not None and scoreable(p, o, s.max_new_tokens, vocab, max_seq_len)]
+        total = sum(max(len(o.token_ids), 1) for o in cand if o is not None) or None
+        scores = ref.score([list(p) for p, _ in present], [o.token_ids for _, o in present], top_k=1) \
+            if present else []
+        valid = near_argmax(scores, margin) if scores else 0
+        checks.append(CheckResult.bounded(
+            f"{name}.greedy_valid", valid / total if total else None, lower=1 - tol["top1"],
+            detail=f"{valid} of {total or 0} timed tokens are the reference's top-1 within {margin:g} nats"))
+        checks.append(CheckResult.rules(f"{name}.stops", _false_stops(scores, [o for _, o in present], margin), n))
+        agree = greedy_agreement([o for o in van if o is not None], [c for c, v in zip(cand, van) if v is not None])
+        checks.append(CheckResult.bounded(
+            f"{name}.greedy_exact", agree.exact_rate, lower=1 - tol["greedy"],
+            detail=f"token-exact vs the reference's own timed outputs: {agree.exact_rate:.3f} of {agree.requests}, "
+                   f"mean first divergence at token {agree.mean_first_divergence:.1f}"))
+        natural = [not s.ignore_eos for s in sampling]
+        if any(natural) and van and all(v is not None for v in van):
+            ratio = length_ratio(van, cand, natural)
+            checks.append(CheckResult.bounded(f"{name}.natural_length", ratio, 1 - tol["length"], 1 + tol["length"],
+                                              detail="summed timed output length, candidate / reference"))
+    return checks
