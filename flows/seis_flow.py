@@ -54,7 +54,7 @@ def seis(config: RunConfig) -> str:
             explore = index if config.protocol != "branching" else session * config.chains + index
             spec = SessionSpec(
                 run_id=config.run_id, chain=chain, chain_index=explore, session=session,
-                parent_snapshot=state.snapshot, session_dir=run.session_dir(chain, session),
+                parent_snapshot=state.snapshot, vanilla_snapshot=vanilla, session_dir=run.session_dir(chain, session),
                 inherited=state.reports if config.protocol != "branching" else (),
                 peers=peers.get(chain, ()), synced_from=tuple(p.chain for p in peers.get(chain, ())))
             futures.append(session_task.submit(config, spec, config.store))
@@ -68,7 +68,7 @@ def seis(config: RunConfig) -> str:
     best = pick_best(outcomes)
     run.write_best(best.summary_row() if best else None)
     if config.post_validate != "off" and best is not None:
-        post_validate_task(config, best.snapshot, best.dev_speedup_vs_vanilla, run.root / "postval")
+        post_validate_task(config, best.snapshot, vanilla, best.dev_speedup_vs_vanilla, run.root / "postval")
     create_table_artifact(rows, key=f"seis-{config.run_id}".lower().replace("_", "-"),
                           description=f"SEIS {config.protocol} run {config.run_id}")
     print((run.root / "summary.md").read_text())

@@ -16,10 +16,12 @@ from .gpu import GPU_LIMIT
 
 
 @task(name="post-validate", cache_policy=NO_CACHE)
-def post_validate_task(config: RunConfig, snapshot: str, dev_speedup: float | None, out_dir: Path) -> dict:
-    engine_dir = SnapshotStore(config.store).get(snapshot, out_dir / "engine")
-    pv_config = make_config(engine_dir=engine_dir, model=config.model, device=config.device, out_dir=out_dir,
-                            quick=config.post_validate == "quick", reported_dev_speedup=dev_speedup)
+def post_validate_task(config: RunConfig, snapshot: str, vanilla: str, dev_speedup: float | None,
+                       out_dir: Path) -> dict:
+    store = SnapshotStore(config.store)  # both engines from the store: what was retained, against the run's vanilla
+    engine_dir, vanilla_dir = store.get(snapshot, out_dir / "engine"), store.get(vanilla, out_dir / "vanilla")
+    pv_config = make_config(engine_dir=engine_dir, vanilla_dir=vanilla_dir, model=config.model, device=config.device,
+                            out_dir=out_dir, quick=config.post_validate == "quick", reported_dev_speedup=dev_speedup)
     with concurrency(GPU_LIMIT, occupy=1, strict=True):
         result = run_post_validation(pv_config)
     tables = "\n\n".join((out_dir / f"{name}.md").read_text() for name in ("accuracy", "speed", "latency"))

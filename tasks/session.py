@@ -12,7 +12,7 @@ from prefect.concurrency.sync import concurrency
 
 from seis.config import RunConfig
 from seis.evaluator import GateInputError
-from seis.session import (SessionOutcome, SessionSpec, gate_workspace, prepare, record, run_agent,
+from seis.session import (SessionOutcome, SessionSpec, decide, gate_workspace, prepare, record, run_agent,
                           snapshot_if_retained)
 from seis.store import SnapshotStore
 
@@ -39,8 +39,8 @@ def gate_task(config: RunConfig, spec: SessionSpec, workspace, parent_dir: Path)
 
 
 @task(name="snapshot", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
-def snapshot_task(store_root: Path, workspace, spec: SessionSpec, retained: bool) -> str:
-    return snapshot_if_retained(SnapshotStore(store_root), workspace, spec, retained)
+def snapshot_task(store_root: Path, spec: SessionSpec, gate_result, retained: bool) -> str:
+    return snapshot_if_retained(SnapshotStore(store_root), spec, gate_result, retained)
 
 
 @task(name="session-report", cache_policy=NO_CACHE)
@@ -66,8 +66,8 @@ def session_task(config: RunConfig, spec: SessionSpec, store_root: Path) -> Sess
             reasons = tuple(gate_result.failed_checks)
         except GateInputError as e:  # e.g. the workspace ships files the evaluator refuses: rejected, not a crash
             reasons = (f"gate refused the workspace: {e}",)
-    retained = gate_result is not None and gate_result.verdict == "pass"
-    snapshot = snapshot_task(store_root, workspace, spec, retained)
+    retained, reasons = decide(spec, gate_result, reasons)
+    snapshot = snapshot_task(store_root, spec, gate_result, retained)
     outcome = report_task(spec, workspace, agent_result, gate_result, snapshot, retained, reasons,
                           time.monotonic() - t0)
     status = "retained" if retained else "kept parent"

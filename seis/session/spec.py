@@ -15,6 +15,7 @@ class SessionSpec:
     session: int
     parent_snapshot: str
     session_dir: Path                                    # runs/<id>/chains/<chain>/<session>/
+    vanilla_snapshot: str = ""                           # the run's vanilla (base engine) in the store
     inherited: tuple[Report, ...] = ()                   # this chain's earlier reports, oldest first
     peers: tuple[PeerMaterial, ...] = ()                 # at a sync: every other chain's latest retained engine
     synced_from: tuple[str, ...] = field(default_factory=tuple)

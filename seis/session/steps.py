@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..agents import AgentResult, Budget, SessionContext, stamp_verdict
+from ..agents import AgentResult, Budget, SessionContext, find_secrets, stamp_verdict
 from ..config import RunConfig
 from ..workspace import Report, Workspace, prepare_workspace
 from .spec import SessionOutcome, SessionSpec
@@ -39,12 +39,19 @@ def run_agent(config: RunConfig, spec: SessionSpec, workspace: Workspace) -> Age
     return result
 
 
+def gated_dir(spec: SessionSpec) -> Path:
+    """Where the gate leaves the exact tree it passed (what gets retained)."""
+    return spec.session_dir / "gated"
+
+
 def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, parent_dir: Path):
-    """The development gate on the workspace's engine tree; returns the GateResult (also saved as gate.json)."""
+    """The development gate on the workspace's engine tree; returns the GateResult (also saved as gate.json,
+    beside the workspace, where no agent looks). The vanilla and parent engines come from the snapshot store."""
     from ..evaluator import GateConfig, run_gate
 
     values = dict(candidate=workspace.root, model=config.model, parent=parent_dir, device=config.device,
-                  seed=config.seed)
+                  seed=config.seed, store=config.store, parent_snapshot=spec.parent_snapshot,
+                  reference_snapshot=spec.vanilla_snapshot or None, retain_dir=gated_dir(spec))
     if config.gate == "smoke":  # the smallest sizes that still run every check (tests)
         from ..evaluator import CheckSizes, SpeedConfig
         values.update(checks=CheckSizes(n_dev=2, n_heldout_gsm8k=2, n_heldout_shapes=1, max_new_tokens=12,
@@ -69,11 +76,13 @@ def dev_speedups(gate_result) -> tuple[float | None, float | None]:
 def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_result, snapshot: str,
            retained: bool, reasons: tuple[str, ...], wall_s: float) -> SessionOutcome:
     """Write workspace.diff and report.md (the agent's notes + the gate's verdict and table); build the outcome."""
-    from ..evaluator import render_gate
+    from ..evaluator import render_gate_for_agents
 
-    (spec.session_dir / "workspace.diff").write_text(workspace.diff())
+    (spec.session_dir / "workspace.diff").write_text(_diff_or_reason(workspace), errors="backslashreplace")
     verdict_word = "retained" if retained else "rejected"
-    measurements = render_gate(gate_result) if gate_result is not None else f"No gate run: {'; '.join(reasons)}."
+    # report.md is inherited by later agents: verdict and dev checks only (gate.json keeps the rest)
+    measurements = render_gate_for_agents(gate_result) if gate_result is not None else \
+        f"No gate run: {'; '.join(reasons)}."
     markdown = stamp_verdict(agent.report_markdown, verdict_word, measurements)
     (spec.session_dir / "report.md").write_text(markdown)
     vs_vanilla, vs_parent = dev_speedups(gate_result)
@@ -88,8 +97,35 @@ def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_res
         report=Report(spec.chain, spec.session, markdown, verdict_word))
 
 
-def snapshot_if_retained(store, workspace: Workspace, spec: SessionSpec, retained: bool) -> str:
+def _diff_or_reason(workspace: Workspace) -> str:
+    """The session's diff; a tree that cannot be diffed (a link leading out, an unreadable file) gets a note
+    instead of ending the run (the gate has already refused such a tree)."""
+    from ..workspace.tree import TreeError
+    try:
+        return workspace.diff()
+    except (TreeError, OSError, UnicodeError) as e:
+        return f"# no diff: the workspace cannot be read as an engine tree: {e}\n"
+
+
+def decide(spec: SessionSpec, gate_result, reasons: tuple[str, ...]) -> tuple[bool, tuple[str, ...]]:
+    """Retain only a passing candidate whose judged tree holds no secret: a key in engine code would travel with
+    the snapshot to every later session, peer and remote."""
+    if gate_result is None or gate_result.verdict != "pass":
+        return False, reasons
+    leaks = find_secrets(gated_dir(spec))
+    if leaks:
+        return False, ("not retained: the judged tree holds a secret or an unscannable file: "
+                       + "; ".join(leaks[:3]),)
+    return True, reasons
+
+
+def snapshot_if_retained(store, spec: SessionSpec, gate_result, retained: bool) -> str:
+    """Store exactly the tree the gate judged (its private copy, re-hashed), never the live workspace."""
     if not retained:
         return spec.parent_snapshot
-    return store.put(workspace.root, {"run": spec.run_id, "chain": spec.chain, "session": spec.session,
-                                      "parent": spec.parent_snapshot})
+    from ..evaluator.snapshot import tree_sha256
+    gated = gated_dir(spec)
+    if tree_sha256(gated) != gate_result.hashes.candidate_tree:
+        raise RuntimeError(f"{gated} is not the tree the gate judged; nothing retained")
+    return store.put(gated, {"run": spec.run_id, "chain": spec.chain, "session": spec.session,
+                             "parent": spec.parent_snapshot, "gate_tree": gate_result.hashes.candidate_tree})

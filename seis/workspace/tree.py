@@ -45,6 +45,9 @@ def tree_files(root: str | Path) -> list[str]:
                 here = base.resolve()
                 if entry.is_dir() and (target == here or target in here.parents):
                     raise TreeError(f"{entry.relative_to(root)} is a symlink to its own ancestor (a loop)")
+        for f in filenames:
+            if not _ignored(f) and not (base / f).is_file():  # a FIFO, socket or device would block a read
+                raise TreeError(f"{(base / f).relative_to(root)} is not a regular file")
         out += [(base / f).relative_to(root).as_posix() for f in filenames if not _ignored(f)]
     return sorted(out)
 
