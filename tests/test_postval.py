@@ -28,7 +28,7 @@ from seis.postval.bandwidth import (
     weight_bytes_per_token,
 )
 from seis.postval.result import ItemOutcome
-from seis.postval.speed import latency_stats, percentile, spread
+from seis.postval.speed import Timing, alone, latency_stats, measure_pair, percentile, spread, timed_check
 from seis.postval.tables import accuracy_markdown, speed_markdown, write_tables
 from seis.workloads import (
     GSM8KItem,
@@ -54,6 +54,56 @@ def e0_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 TINY = dict(model="tiny-qwen3", device="cpu", cpu_threads=1, gsm8k_items=6, retrieval_items=3, speed_requests=2,
             fixed_single_requests=1, dev_requests=1, reps=2, gsm8k_max_new_tokens=24, natural_max_new_tokens=16, fixed_new_tokens=16,
             heldout_max_output_len=64, max_batch_size=4)
+
+
+# Hostile candidates: E0 with engine/__init__.py extended (the sandboxed worker imports the package).
+OUTPUT_CACHE = """
+_adv_cache, _adv_hits = {}, {}
+_adv_generate, _adv_stats = Engine.generate, Engine.stats
+
+
+def _adv_cached(self, prompts, sampling=None):
+    \"\"\"(prompt, sampling) -> output across calls: a repeated request is answered at once.\"\"\"
+    params = self._per_request(sampling or SamplingParams(), len(prompts))
+    keys = [(tuple(p), repr(sp)) for p, sp in zip(prompts, params)]
+    miss = [i for i, k in enumerate(keys) if k not in _adv_cache]
+    for k, sp in zip(keys, params):
+        if k in _adv_cache:
+            _adv_hits[sp.max_new_tokens] = _adv_hits.get(sp.max_new_tokens, 0) + 1
+    if miss:
+        for i, g in zip(miss, _adv_generate(self, [prompts[i] for i in miss], [params[i] for i in miss])):
+            _adv_cache[keys[i]] = g
+    return [_adv_cache[k] for k in keys]
+
+
+Engine.generate = _adv_cached
+Engine.stats = lambda self: {**_adv_stats(self), "adv_cache_hits": {str(k): v for k, v in _adv_hits.items()}}
+"""
+
+BATCH_OF_ONE = """
+_adv_generate = Engine.generate
+
+
+def _adv_fast_single(self, prompts, sampling=None):
+    \"\"\"A single-prompt generate (how requests are timed) runs every other decoder layer; batches run them all.\"\"\"
+    layers = self.model.layers
+    if len(prompts) == 1:
+        self.model.layers = layers[::2]
+    try:
+        return _adv_generate(self, prompts, sampling)
+    finally:
+        self.model.layers = layers
+
+
+Engine.generate = _adv_fast_single
+"""
+
+
+def hostile(dest: Path, code: str) -> Path:
+    shutil.copytree(ENGINE_TEMPLATE, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    init = dest / "engine" / "__init__.py"
+    init.write_text(init.read_text() + code)
+    return dest
 
 
 @pytest.fixture(scope="module")
@@ -180,12 +230,15 @@ def test_e0_copy_against_vanilla_has_zero_delta_and_speedup_near_one(tiny_runs):
         assert c.requests >= 1 and len(c.speedup.values) == TINY["reps"]
         assert 0.2 < c.speedup.median < 5  # same engine twice: timing noise only, never asserted tightly
         assert c.candidate.tokens == c.vanilla.tokens  # same greedy outputs, same token counts
-        assert c.candidate.deterministic and c.vanilla.deterministic
+        # Every timed output checked against vanilla's for the same request: a copy of E0 matches exactly.
+        t = c.timed
+        assert t.requests == c.requests * TINY["reps"] and t.identical_frac == 1.0 and t.length_ratio == 1.0
+        assert not t.flagged and not t.reasons and t.missing == t.over_length == 0 and c.distinct_prompts
         if c.mode == "single":
             lat = c.vanilla.latency
             assert lat.p10 <= lat.p25 <= lat.median <= lat.p75 <= lat.p90
             assert c.vanilla.bound_tok_per_s > 0 and c.vanilla.mean_context > 0
-            assert len(c.vanilla.request_latency_s) == c.requests
+            assert len(c.vanilla.request_latency_s) == c.requests * TINY["reps"]
         else:
             assert c.vanilla.latency is None and c.vanilla.bound_tok_per_s is None
     fixed = {c.mode: c for c in r.speed if c.workload == "fixed-16"}
@@ -195,6 +248,28 @@ def test_e0_copy_against_vanilla_has_zero_delta_and_speedup_near_one(tiny_runs):
     assert r.bandwidth.source.startswith("measured") and r.bandwidth.bytes_per_s > 0
     assert not r.energy_available and "unavailable" in r.energy_note
     assert r.context_tokens == 512 and r.device == "cpu"
+    assert not r.timed_flagged and not r.flags
+    # The speed phase ran on fresh processes: both phases' builds are measured, the extra one is noted.
+    for info in r.engines.values():
+        assert set(info.build_s) == {"accuracy", "speed"} and all(v > 0 for v in info.build_s.values())
+    assert any(n.startswith("speed phase: fresh engine processes") for n in r.notes)
+    assert any("sandbox was frozen" in n for n in r.notes)
+
+
+def test_every_repetition_times_prompts_its_process_has_not_seen(tiny_runs):
+    r, _ = tiny_runs
+    timed = [pid for c in r.speed + r.workloads for rep in c.prompt_ids for pid in rep]
+    assert len(timed) == len(set(timed))  # across repetitions, modes and workloads of the speed processes
+    for c in r.speed + r.workloads:
+        assert len(c.prompt_ids) == TINY["reps"] and all(len(rep) == c.requests for rep in c.prompt_ids)
+        assert c.requests == c.requested
+    natural = next(c for c in r.speed if (c.workload, c.mode) == ("natural-16", "single"))
+    first = [i.id for i in r.items if i.task == "gsm8k" and i.engine == "vanilla"][: TINY["speed_requests"]]
+    assert natural.prompt_ids[0] == first  # the first repetition: the split's first items, as before
+    held = next(c for c in r.workloads if c.kind == "heldout")
+    assert [rep[0].split("@")[1] for rep in held.prompt_ids] == ["rot0", "rot10"]  # 32-token prompt, 2 reps
+    assert all(p.repeated == 0 and not p.shrunk for p in r.prompt_pools)
+    assert {p.name for p in r.prompt_pools} == {"gsm8k-test", "gsm8k-dev", "heldout-p32-o64"}
 
 
 def test_two_runs_give_the_same_outputs(tiny_runs):
@@ -225,10 +300,14 @@ def test_tables_figures_and_json_are_written(tiny_runs):
     back = PostValResult.model_validate_json((out / "postval.json").read_text())
     assert back.accuracy == r.accuracy and back.speed == r.speed and set(back.files) >= {"speed.md", "postval.json"}
     speed = pd.read_parquet(out / "speed.parquet")
-    want = {"vanilla_tok_s", "candidate_tok_s_min", "speedup", "speedup_max", "vanilla_bound_tok_s"}
-    assert want <= set(speed.columns)
+    want = {"vanilla_tok_s", "candidate_tok_s_min", "speedup", "speedup_max", "vanilla_bound_tok_s",
+            "timed_identical_frac", "timed_first_divergence", "timed_length_ratio", "timed_flag", "distinct_prompts"}
+    assert want <= set(speed.columns) and not speed["timed_flag"].any()
+    assert (speed["timed_identical_frac"] == 1.0).all()
+    assert "Timed outputs checked against vanilla's" in (out / "speed.md").read_text()
     # DVC's metrics and plot files carry the same numbers
     metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["timed_flagged"] == 0 and metrics["timed"]["natural-16-single"]["identical_frac"] == 1.0
     gsm = r.accuracy_of("gsm8k")
     assert metrics["gsm8k"]["delta_points"] == gsm.delta_points and metrics["gsm8k"]["items"] == gsm.items
     first = r.speed[0]
@@ -265,6 +344,146 @@ def test_plot_chain_speedups_on_a_synthetic_summary(tmp_path):
     assert Path(path).read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="synced_from"):
         plot_chain_speedups(df.drop(columns=["synced_from"]), tmp_path / "x.png")
+
+
+# ---- the speed phase under the gate's rules ------------------------------------------------------------------
+
+def test_speed_plan_draws_distinct_prompts_and_shrinks_or_says_so(prepared_dir):
+    """Default sizes: 3 reps x (100 + 100 + 8 + 100) GSM8K prompts exceed what fits tiny-qwen3's 512 tokens, so
+    the requests per repetition shrink (noted); every timed prompt is new to the process; warm-ups never timed."""
+    from seis.postval import prepare_plan, speed_plan
+
+    plan = prepare_plan(make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="cpu", max_batch_size=4,
+                                    prepared_dir=prepared_dir, gsm8k_items=0, retrieval_items=0))
+    sp = speed_plan(plan, 512)
+    timed = [p.tokens for ts in sp.sets for rep in ts.reps for p in rep]
+    warm = {p.tokens for ts in sp.sets for p in ts.warmup}
+    assert len(timed) == len(set(timed)) and not warm & set(timed) and all(ts.distinct for ts in sp.sets)
+    assert all(ts.warmup for ts in sp.sets)
+    test = next(p for p in sp.pools if p.name == "gsm8k-test")
+    assert test.shrunk and test.repeated == 0 and test.timed <= test.available - test.warmup
+    sizes = {(ts.workload, ts.mode): (ts.requested, ts.requests) for ts in sp.speed}
+    n = sizes[("natural-256", "single")][1]
+    assert sizes == {("natural-256", "single"): (100, n), ("natural-256", "batch"): (100, n),
+                     ("fixed-256", "single"): (8, 8), ("fixed-256", "batch"): (100, n)}
+    assert 3 * (3 * n + 8) <= test.available - test.warmup < 3 * (3 * (n + 1) + 8)  # the most that fits
+    assert any("gsm8k-test" in note and "lowered to" in note for note in sp.notes)
+    dev = {(ts.workload): ts for ts in sp.workloads if ts.kind == "dev"}
+    fitting = [p for p in plan.dev_pool if len(p.tokens) < 512]
+    assert dev["dev-natural"].reps[0] == fitting[:8]  # the gate's own dev set (what fits) first
+    # A pool that cannot give even one new prompt per repetition: prompts repeat, and the result says so.
+    many = prepare_plan(make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="cpu", max_batch_size=4,
+                                    prepared_dir=prepared_dir, gsm8k_items=0, retrieval_items=0, speed_requests=0,
+                                    dev_requests=1, heldout=False, reps=40))
+    sp = speed_plan(many, 512)
+    pool = next(p for p in sp.pools if p.name == "gsm8k-dev")
+    assert pool.repeated == 80 - pool.available > 0 and not any(ts.distinct for ts in sp.workloads)
+    assert any("repeat" in note for note in sp.notes)
+
+
+class _Box:
+    def __init__(self, log: list, name: str):
+        self.log, self.name, self.frozen = log, name, False
+
+    def freeze(self):
+        self.frozen = True
+        self.log.append(("freeze", self.name))
+
+    def thaw(self):
+        self.frozen = False
+        self.log.append(("thaw", self.name))
+
+
+class _Engine:
+    """Answers like a greedy engine would, and records whether the other engine was frozen meanwhile."""
+
+    def __init__(self, log: list, name: str):
+        self.box, self.log, self.name, self.other = _Box(log, name), log, name, None
+        self.engine_dir = name
+
+    def generate(self, prompts, sampling):
+        self.log.append(("generate", self.name, self.other.box.frozen, self.box.frozen))
+        return [{"token_ids": [p[0]] * sampling.max_new_tokens, "finish_reason": "length"} for p in prompts]
+
+
+def test_the_other_engine_is_frozen_while_one_is_timed():
+    from seis.engine_host.client import Sampling
+    from seis.postval.bandwidth import EnergyMeter
+
+    log: list = []
+    engines = {"candidate": _Engine(log, "candidate"), "vanilla": _Engine(log, "vanilla")}
+    engines["candidate"].other, engines["vanilla"].other = engines["vanilla"], engines["candidate"]
+    timings = measure_pair(engines, [[[1], [2]], [[3]]], Sampling(max_new_tokens=4), "single", EnergyMeter("cpu"))
+    calls = [e for e in log if e[0] == "generate"]
+    assert len(calls) == 6 and all(other_frozen and not self_frozen for _, _, other_frozen, self_frozen in calls)
+    assert [c[1] for c in calls] == ["candidate"] * 2 + ["vanilla"] * 2 + ["vanilla", "candidate"]  # A B, B A
+    assert not any(e.box.frozen for e in engines.values())  # thawed afterwards
+    assert [t.tokens for t in timings["candidate"]] == [8, 4] and timings["vanilla"][1].outputs == [[3] * 4]
+    with pytest.raises(RuntimeError), alone(engines, "candidate"):
+        raise RuntimeError("an engine error while timed")
+    assert not engines["vanilla"].box.frozen  # thawed on errors too
+
+
+def _timing(outputs) -> Timing:
+    return Timing(wall_s=1.0, latencies=[1.0], outputs=outputs, finish=["stop"] * len(outputs), energy_j=None,
+                  tokens=sum(len(o or []) for o in outputs))
+
+
+def test_timed_check_flags_outputs_unlike_vanillas():
+    van = [_timing([[1, 2, 3, 4], [5, 6, 7, 8]])]
+    same = timed_check([_timing([[1, 2, 3, 4], [5, 6, 7, 8]])], van, 4, natural=True)
+    assert (same.identical_frac, same.first_divergence_mean, same.length_ratio, same.flagged) == (1.0, 4.0, 1.0, False)
+    one = timed_check([_timing([[1, 2, 3, 4], [5, 9, 7, 8]])], van, 4, natural=True)  # half identical: at the line
+    assert (one.identical_frac, one.first_divergence_mean, one.flagged) == (0.5, 2.5, False)
+    junk = timed_check([_timing([[0, 0, 0, 0], [0, 0, 0, 0]])], van, 4, natural=False)
+    assert junk.flagged and junk.identical_frac == 0.0 and "identical" in junk.reasons[0]
+    short = timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=True, min_identical=0.0)
+    assert short.flagged and short.length_ratio == 0.875 and "length" in short.reasons[0]
+    assert not timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=False, min_identical=0.0).flagged
+    assert not timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=True, min_identical=0.0,
+                           length_tolerance=0.2).flagged
+    padded = timed_check([_timing([[1, 2, 3, 4, 0, 0], None])], van, 4, natural=False, min_identical=0.0)
+    assert padded.flagged and (padded.over_length, padded.missing) == (1, 1)
+
+
+def _speedups(r: PostValResult) -> list[float]:
+    return [c.speedup.median for c in r.speed + r.workloads]
+
+
+HOSTILE = dict(TINY, gsm8k_items=2, retrieval_items=0, figures=False)
+
+
+def test_an_output_cache_gains_nothing(tmp_path, prepared_dir):
+    """A candidate that caches (prompt, sampling) -> output: the speed phase's processes are fresh, so the
+    accuracy prompts never reach them, and no repetition or mode repeats a prompt: no timed request hits."""
+    cand = hostile(tmp_path / "cache", OUTPUT_CACHE)
+    r = run_post_validation(make_config(engine_dir=cand, out_dir=tmp_path / "out", prepared_dir=prepared_dir,
+                                        bandwidth_gbs=10.0, **HOSTILE))
+    hits = r.engines["candidate"].stats["after"]["adv_cache_hits"]
+    timed_lengths = {str(c.max_new_tokens) for c in r.speed + r.workloads}
+    assert not timed_lengths & set(hits), hits  # only the (untimed, 8-token) warm-ups repeat
+    assert statistics.geometric_mean(_speedups(r)) < 1.5  # cached answers would be many times faster
+    assert not r.timed_flagged and all(c.timed.identical_frac == 1.0 for c in r.speed + r.workloads)
+
+
+def test_a_fast_broken_single_request_path_is_flagged(tmp_path, prepared_dir):
+    """Single-prompt generates (the timed latency path) skip layers; the batched accuracy calls are fine."""
+    cand = hostile(tmp_path / "fast1", BATCH_OF_ONE)
+    r = run_post_validation(make_config(engine_dir=cand, out_dir=tmp_path / "out", prepared_dir=prepared_dir,
+                                        **dict(HOSTILE, gsm8k_items=0, dev_requests=0, heldout=False,
+                                               bandwidth_gbs=10.0)))
+    flagged = {(c.workload, c.mode) for c in r.speed if c.timed_flagged}
+    assert flagged == {("natural-16", "single"), ("fixed-16", "single")}
+    assert r.timed_flagged and any("not trustworthy" in f for f in r.flags)
+    single = next(c for c in r.speed if (c.workload, c.mode) == ("fixed-16", "single"))
+    assert single.timed.identical_frac < 0.5 and single.timed.first_divergence_mean < 16
+    out = Path(r.config.out_dir)
+    assert "not trustworthy" in (out / "speed.md").read_text()
+    import pandas as pd
+
+    df = pd.read_parquet(out / "speed.parquet")
+    assert set(df[df["timed_flag"]]["mode"]) == {"single"}
+    assert json.loads((out / "metrics.json").read_text())["timed_flagged"] == 1
 
 
 # ---- bad input ------------------------------------------------------------------------------------------------

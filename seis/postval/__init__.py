@@ -9,8 +9,16 @@ Heavy libraries (torch, pandas, matplotlib) are imported only where they are use
 """
 from .config import QUICK, PostValConfig, PostValError, make_config
 from .figures import plot_chain_speedups
-from .plan import check_model, fetch_snapshot, prepare_plan
-from .result import AccuracySummary, ItemOutcome, PostValResult, SpeedComparison, SpeedMeasure
+from .plan import check_model, fetch_snapshot, prepare_plan, speed_plan
+from .result import (
+    AccuracySummary,
+    ItemOutcome,
+    PostValResult,
+    PromptPool,
+    SpeedComparison,
+    SpeedMeasure,
+    TimedCheck,
+)
 from .run import run_post_validation, write_outputs
 
 __all__ = [
@@ -20,13 +28,16 @@ __all__ = [
     "PostValConfig",
     "PostValError",
     "PostValResult",
+    "PromptPool",
     "SpeedComparison",
     "SpeedMeasure",
+    "TimedCheck",
     "check_model",
     "fetch_snapshot",
     "make_config",
     "plot_chain_speedups",
     "prepare_plan",
     "run_post_validation",
+    "speed_plan",
     "write_outputs",
 ]

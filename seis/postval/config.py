@@ -63,6 +63,8 @@ class PostValConfig(BaseModel):
     # and single-stream numbers); the fixed-length batch timing uses all speed_requests.
     fixed_single_requests: int = Field(8, ge=0)
     dev_requests: int = Field(8, ge=0)  # the gate's dev speed size
+    # Sizes are per repetition: every repetition of every workload times prompts its engine process has not seen
+    # (see plan.speed_plan); where a prompt pool is too small, the requests per repetition shrink (with a note).
     heldout: bool = True
     heldout_max_output_len: int | None = Field(None, ge=1)  # drop held-out shapes with longer outputs
     reps: int = Field(3, ge=1, le=100)
@@ -75,6 +77,11 @@ class PostValConfig(BaseModel):
 
     bandwidth_gbs: float | None = Field(None, gt=0)  # None: measure a large copy on the run's device
     flag_points: float = Field(3.0, gt=0)  # accuracy differences beyond +-this many points are flagged
+    # Timed-output check: a speed row is flagged (its figure not trustworthy) when fewer than this fraction of the
+    # candidate's timed outputs are token-identical to vanilla's for the same requests, ...
+    timed_min_identical: float = Field(0.5, ge=0, le=1)
+    # ... or when, at natural length (EOS on), its summed output length is off vanilla's by more than this fraction.
+    timed_length_tolerance: float = Field(0.10, ge=0)
     reported_dev_speedup: float | None = Field(None, gt=0)  # the gate's dev speedup, shown next to ours
     timeout_s: float = Field(3600.0, gt=0)  # per engine call (a 660-item batch on a CPU is slow)
     figures: bool = True

@@ -44,8 +44,9 @@ def _bars(ax: Any, comps: list[SpeedComparison], title: str, show_bound: bool) -
                 ax.plot([x - width / 2, x + width / 2], [m.bound_tok_per_s] * 2, color="black", ls="--", lw=1,
                         label="bandwidth bound" if i == 0 and j == 0 else None)
         top = max(c.candidate.tok_per_s.max, c.vanilla.tok_per_s.max)
-        ax.annotate(f"×{c.speedup.median:.2f}", (i, top), ha="center", va="bottom", fontsize=8,
-                    xytext=(0, 3), textcoords="offset points")
+        ax.annotate(f"×{c.speedup.median:.2f}" + (" ⚠" if c.timed_flagged else ""), (i, top), ha="center",
+                    va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points",
+                    color=FLAG_COLOR if c.timed_flagged else "black")
     bounds = [m.bound_tok_per_s for c in comps for m in (c.vanilla, c.candidate) if m.bound_tok_per_s]
     tops = [m.tok_per_s.max for c in comps for m in (c.vanilla, c.candidate)]
     if show_bound and bounds and max(bounds) > 5 * max(tops):  # far-off bound: keep the bars readable
@@ -149,7 +150,7 @@ def plot_workload(result: PostValResult, path: str | Path) -> str:
     ax2.set_title("Speedup: held-out shapes next to dev", fontsize=10)
     if ax2.get_legend_handles_labels()[0]:
         ax2.legend(fontsize=8)
-    # Per-request throughput against output length (natural-length single requests, median over reps).
+    # Per-request throughput against output length (natural-length single requests, every repetition).
     for c in (c for c in result.speed if c.mode == "single" and not c.ignore_eos):
         for m in (c.vanilla, c.candidate):
             pts = [(n, n / s) for n, s in zip(m.request_new_tokens, m.request_latency_s, strict=True)
@@ -166,9 +167,13 @@ def plot_workload(result: PostValResult, path: str | Path) -> str:
 
 
 def _flag_title(fig: Any, result: PostValResult) -> None:
+    parts = []
     if result.accuracy_flagged:
-        fig.suptitle(f"⚠ accuracy differs from vanilla beyond ±{result.config.flag_points:g} points",
-                     color=FLAG_COLOR, fontsize=10)
+        parts.append(f"⚠ accuracy differs from vanilla beyond ±{result.config.flag_points:g} points")
+    if result.timed_flagged:
+        parts.append("⚠ timed outputs differ from vanilla's (⚠ rows): those speed figures are not trustworthy")
+    if parts:
+        fig.suptitle("; ".join(parts), color=FLAG_COLOR, fontsize=10)
 
 
 def write_figures(result: PostValResult, out_dir: str | Path) -> dict[str, str]:

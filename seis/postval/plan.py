@@ -1,6 +1,7 @@
 """Everything checked and loaded before an engine starts: engine dirs, model, prepared data, prompts, memory."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -22,6 +23,45 @@ class Workload:
     ignore_eos: bool
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt and where it came from (a GSM8K item id; a held-out shape and rotation)."""
+    id: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TimedSet:
+    """One mode of one speed workload: the prompts of each repetition (disjoint) and the warm-up prompts
+    (never timed). Both engines time the same prompts in the same repetition."""
+    workload: str
+    kind: str  # "test" | "dev" | "heldout"
+    mode: str  # "single" | "batch"
+    max_new_tokens: int
+    ignore_eos: bool
+    requested: int  # requests per repetition asked for
+    reps: list[list[Prompt]]
+    warmup: list[Prompt]
+    distinct: bool = True  # no timed prompt occurs twice in the process (nor among its warm-up prompts)
+
+    @property
+    def requests(self) -> int:
+        return len(self.reps[0]) if self.reps else 0
+
+
+@dataclass
+class SpeedPlan:
+    """Everything one pair of speed-phase engine processes times, in order (see speed_plan)."""
+    speed: list[TimedSet]  # GSM8K test prompts: natural and fixed length, single and batch
+    workloads: list[TimedSet]  # dev workloads and held-out shapes, single request
+    pools: list  # result.PromptPool per source
+    notes: list[str]
+
+    @property
+    def sets(self) -> list[TimedSet]:
+        return self.speed + self.workloads
+
+
 @dataclass
 class Plan:
     config: PostValConfig
@@ -35,7 +75,8 @@ class Plan:
     retrieval_items: list = field(default_factory=list)
     retrieval_prompts: list[list[int]] = field(default_factory=list)
     retrieval_max_new_tokens: int = 32
-    speed_prompts: list[list[int]] = field(default_factory=list)  # GSM8K test prompts, file order
+    test_pool: list[Prompt] = field(default_factory=list)  # every GSM8K test prompt (speed and warm-up)
+    dev_pool: list[Prompt] = field(default_factory=list)  # the dev workloads' prompts, workload order
     natural_max_new_tokens: int = 256
     fixed_new_tokens: int = 256
     dev: list[Workload] = field(default_factory=list)
@@ -115,11 +156,12 @@ def _load_workloads(plan: Plan) -> None:
     plan.natural_max_new_tokens = c.natural_max_new_tokens or params.dev.max_new_tokens
     plan.fixed_new_tokens = c.fixed_new_tokens or params.dev.fixed_new_tokens
     plan.retrieval_max_new_tokens = c.retrieval_max_new_tokens or params.retrieval.max_new_tokens
-    test = load_gsm8k_split("test", c.prepared_dir) if c.gsm8k_items or c.speed_requests else []
+    timed = c.speed_requests or c.dev_requests or c.heldout  # warm-up prompts come from the test split too
+    test = load_gsm8k_split("test", c.prepared_dir) if c.gsm8k_items or timed else []
     _check_size("gsm8k_items", c.gsm8k_items, len(test), "held-out GSM8K test items")
     _check_size("speed_requests", c.speed_requests, len(test), "held-out GSM8K test items")
     plan.gsm8k_items = test[: c.gsm8k_items]
-    plan.speed_source = test  # trimmed to speed_requests after encoding (only prompts that fit count)
+    plan.speed_source = test if timed else []  # every repetition draws its own prompts (see speed_plan)
     if c.retrieval_items:
         items = load_retrieval(c.prepared_dir)
         _check_size("retrieval_items", c.retrieval_items, len(items), "retrieval items")
@@ -128,8 +170,7 @@ def _load_workloads(plan: Plan) -> None:
     if c.dev_requests:
         dev = {it.id: it for it in load_gsm8k_split("dev", c.prepared_dir)}
         _check_size("dev_requests", c.dev_requests, len(dev), "GSM8K dev items")
-        plan.dev_defs = [(wl, [dev[i] for i in wl.item_ids[: c.dev_requests]])
-                          for wl in load_dev_workloads(c.prepared_dir)]
+        plan.dev_defs = [(wl, [dev[i] for i in wl.item_ids]) for wl in load_dev_workloads(c.prepared_dir)]
     plan.shapes = load_heldout_shapes(c.prepared_dir).shapes if c.heldout else ()
 
 
@@ -144,25 +185,24 @@ def _encode(plan: Plan) -> None:
     c, tok = plan.config, plan.tokenizer
     plan.gsm8k_prompts = gsm8k_prompts(tok, plan.gsm8k_items)
     plan.retrieval_prompts = retrieval_prompts(tok, plan.retrieval_items)
-    speed_candidates = gsm8k_prompts(tok, plan.speed_source[: c.speed_requests])
+    n_acc = len(plan.gsm8k_prompts)  # the accuracy prompts are the test split's first items: encoded once
+    speed_candidates = plan.gsm8k_prompts[: len(plan.speed_source)] + gsm8k_prompts(tok, plan.speed_source[n_acc:])
+    plan.test_pool = [Prompt(it.id, tuple(p)) for it, p in zip(plan.speed_source, speed_candidates, strict=True)]
     dev_prompts = [(wl, gsm8k_prompts(tok, items)) for wl, items in plan.dev_defs]
+    seen: set[str] = set()
+    for (_, items), prompts in zip(plan.dev_defs, (p for _, p in dev_prompts), strict=True):
+        for it, p in zip(items, prompts, strict=True):  # both dev workloads share their items: one pool
+            if it.id not in seen:
+                seen.add(it.id)
+                plan.dev_pool.append(Prompt(it.id, tuple(p)))
     dev_new = max(plan.natural_max_new_tokens, plan.fixed_new_tokens)
     needs = [len(p) + plan.gsm8k_max_new_tokens for p in plan.gsm8k_prompts]
     needs += [len(p) + plan.retrieval_max_new_tokens for p in plan.retrieval_prompts]
-    needs += [len(p) + dev_new for p in speed_candidates]
-    needs += [len(p) + dev_new for _, prompts in dev_prompts for p in prompts]
+    needs += [len(p) + dev_new for p in speed_candidates[: c.speed_requests]]  # the rest only if they fit
+    needs += [len(p) + dev_new for _, prompts in dev_prompts for p in prompts[: c.dev_requests]]
     needs += [s.prompt_len + s.output_len for s in plan.shapes]
     plan.suite_context = -(-max(needs, default=1) // 1024) * 1024  # whole KiB-tokens
-    # Speed: the first N test prompts that fit the engines' context (checked again after build).
-    ctx = plan.context
-    speed: list[list[int]] = []
-    for i, item in enumerate(plan.speed_source):
-        if len(speed) >= c.speed_requests:
-            break
-        p = speed_candidates[i] if i < len(speed_candidates) else gsm8k_prompts(tok, [item])[0]
-        if fits(p, ctx):
-            speed.append(p)
-    plan.speed_prompts = speed
+    ctx = plan.context  # the expected context; speed_plan draws from the pools with the built engines' one
     for wl, prompts in dev_prompts:
         new = plan.fixed_new_tokens if wl.ignore_eos else plan.natural_max_new_tokens
         name = f"dev-fixed{new}" if wl.ignore_eos else "dev-natural"
@@ -175,6 +215,137 @@ def _encode(plan: Plan) -> None:
             ids = [t % plan.vocab_size for t in ids]
         plan.heldout.append(Workload(f"heldout-p{s.prompt_len}-o{s.output_len}", "heldout", [ids], s.output_len,
                                      True))
+
+
+WARMUP_PROMPTS = 8  # GSM8K test prompts reserved for warm-up (the split's last that fit), never timed
+
+
+def speed_plan(plan: Plan, context: int) -> SpeedPlan:
+    """What the speed phase times, for engines serving `context` tokens: no engine is timed on a prompt it has
+    already seen in its process. The speed phase runs on fresh processes (after the accuracy phase's are
+    closed), and within them every repetition of every workload and mode gets prompts of its own:
+
+    - GSM8K test split: natural single, natural batch, fixed single, fixed batch, each repetition its own
+      consecutive slice (natural single's first repetition: the split's first items, as before); the split's
+      last prompts are the warm-up prompts of every GSM8K-shaped workload;
+    - dev: both dev workloads draw from the dev items (dev-natural's first repetition is the gate's own set);
+    - held-out shapes: repetition r times the shape's prompt rotated by r x step tokens (same length, same
+      ids, another prompt), warm-up one rotation further.
+
+    Where a pool is too small, the requests per repetition shrink until everything fits (a note and the
+    pool's `shrunk` say so); only when not even one prompt per repetition fits are prompts reused (`repeated`,
+    and the row's `distinct_prompts` is False).
+    """
+    from .accuracy import fits
+    from .result import PromptPool
+
+    c, reps = plan.config, plan.config.reps
+    notes: list[str] = []
+    pools: list[PromptPool] = []
+    test = _dedupe([p for p in plan.test_pool if fits(p.tokens, context)])
+    n_warm = min(WARMUP_PROMPTS, max(len(test) - 1, 0)) if len(test) > 1 else 0
+    warm = test[len(test) - n_warm:] if n_warm else test[:1]
+    speed: list[TimedSet] = []
+    if c.speed_requests and test:
+        nat, fix = plan.natural_max_new_tokens, plan.fixed_new_tokens
+        specs = [(f"natural-{nat}", "single", nat, False, c.speed_requests),
+                 (f"natural-{nat}", "batch", nat, False, c.speed_requests)]
+        if c.fixed_single_requests:
+            specs.append((f"fixed-{fix}", "single", fix, True, c.fixed_single_requests))
+        specs.append((f"fixed-{fix}", "batch", fix, True, c.speed_requests))
+        speed, pool = _draw("gsm8k-test", "test", test[: len(test) - n_warm], specs, reps, warm, notes, n_warm)
+        pools.append(pool.model_copy(update={"warmup": n_warm, "needed": pool.needed + n_warm,
+                                             "available": len(test)}))
+    workloads: list[TimedSet] = []
+    if c.dev_requests and plan.dev:
+        dev = _dedupe([p for p in plan.dev_pool if fits(p.tokens, context)])
+        specs = [(wl.name, "single", wl.max_new_tokens, wl.ignore_eos, c.dev_requests) for wl in plan.dev]
+        if dev:
+            sets, pool = _draw("gsm8k-dev", "dev", dev, specs, reps, warm, notes)
+            workloads += sets
+            pools.append(pool)
+        else:
+            notes.append(f"dev workloads: no dev prompt fits the context ({context} tokens); skipped")
+    for wl in plan.heldout:
+        base = tuple(wl.prompts[0])
+        if len(base) + wl.max_new_tokens > context or not fits(base, context):
+            notes.append(f"{wl.name}: does not fit the context ({context} tokens); skipped")
+            continue
+        step = max(1, len(base) // (reps + 1))  # spread over the prompt: rotations share no long prefix
+        offsets = dict.fromkeys(k * step % len(base) for k in range(reps + 1))
+        rotations = _dedupe([Prompt(f"{wl.name}@rot{o}", base[o:] + base[:o]) for o in offsets])
+        timed_rot, warm_rot = (rotations[:-1], rotations[-1:]) if len(rotations) > 1 else (rotations, rotations)
+        sets, pool = _draw(wl.name, "heldout", timed_rot, [(wl.name, "single", wl.max_new_tokens, True, 1)], reps,
+                           warm_rot, notes)
+        workloads += sets
+        pools.append(pool.model_copy(update={"warmup": 1, "needed": pool.needed + 1,
+                                             "available": len(rotations)}))
+    sp = SpeedPlan(speed=speed, workloads=workloads, pools=pools, notes=notes)
+    _mark_repeats(sp)
+    return sp
+
+
+def _dedupe(prompts: list[Prompt]) -> list[Prompt]:
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for p in prompts:
+        if p.tokens not in seen:
+            seen.add(p.tokens)
+            out.append(p)
+    return out
+
+
+def _draw(name: str, kind: str, pool: list[Prompt], specs: list[tuple], reps: int, warm: list[Prompt],
+          notes: list[str], reserved: int = 0) -> tuple[list[TimedSet], Any]:
+    """Consecutive slices of `pool`, one per (spec, repetition), spec by spec; sizes capped until they fit."""
+    from .result import PromptPool
+
+    want = [s[4] for s in specs]
+    need = reps * sum(want)
+    cap = max(want)
+    while cap > 1 and reps * sum(min(w, cap) for w in want) > len(pool):
+        cap -= 1
+    sizes = [min(w, cap) for w in want]
+    shrunk = sizes != want
+    used = reps * sum(sizes)
+    repeated = max(0, used - len(pool))
+    if shrunk:
+        besides = f" (besides {reserved} warm-up prompts)" if reserved else ""
+        notes.append(f"{name}: {len(pool)} distinct prompts fit the context{besides}, but {reps} repetitions of "
+                     + ", ".join(f"{s[0]}/{s[1]} ({w})" for s, w in zip(specs, want, strict=True))
+                     + f" need {need} that no repetition or workload of the same engine process has seen: requests "
+                     f"per repetition lowered to " + ", ".join(map(str, sizes)))
+    if repeated:
+        notes.append(f"{name}: even one prompt per repetition needs {used} prompts, only {len(pool)} exist: "
+                     f"{repeated} timed prompts repeat one the engine has already seen (its timings may be cached)")
+    sets, i = [], 0
+    for (workload, mode, max_new, ignore_eos, requested), n in zip(specs, sizes, strict=True):
+        rep_prompts = []
+        for _ in range(reps):
+            rep_prompts.append([pool[(i + k) % len(pool)] for k in range(n)])
+            i += n
+        sets.append(TimedSet(workload, kind, mode, max_new, ignore_eos, requested, rep_prompts, list(warm)))
+    return sets, PromptPool(name=name, available=len(pool), needed=need, timed=used, warmup=0, shrunk=shrunk,
+                            repeated=repeated)
+
+
+def _mark_repeats(sp: SpeedPlan) -> None:
+    """A set is distinct when none of its timed prompts occurs anywhere else in the process: in another
+    repetition, workload or mode, or among any warm-up prompts."""
+    from collections import Counter
+
+    timed = Counter(p.tokens for ts in sp.sets for rep in ts.reps for p in rep)
+    warm = {p.tokens for ts in sp.sets for p in ts.warmup}
+    for i, ts in enumerate(sp.sets):
+        distinct = all(timed[p.tokens] == 1 and p.tokens not in warm for rep in ts.reps for p in rep)
+        if not distinct:
+            fixed = dataclasses.replace(ts, distinct=False)
+            if i < len(sp.speed):
+                sp.speed[i] = fixed
+            else:
+                sp.workloads[i - len(sp.speed)] = fixed
+            sp.notes.append(f"{ts.workload}/{ts.mode}: some timed prompts were already seen by the same engine "
+                            f"process (another repetition, workload or warm-up): its timings may be cached")
 
 
 MIN_CONTEXT = 2048  # below this even the held-out shapes stop fitting

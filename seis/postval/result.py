@@ -87,15 +87,38 @@ class SpeedMeasure(_Model):
     engine: EngineName
     tok_per_s: Spread
     wall_s: Spread
-    tokens: list[int]  # generated tokens per repetition
-    deterministic: bool  # every repetition produced the same token ids
-    output_lengths: LengthStats
-    latency: LatencyStats | None = None  # single-request mode: per-request latency (median over reps), s
+    tokens: list[int]  # generated tokens counted per repetition (each reply's first max_new_tokens, see speed.py)
+    output_lengths: LengthStats  # over every timed request of every repetition
+    latency: LatencyStats | None = None  # single-request mode: over every timed request, s
     mean_context: float | None = None  # token-weighted mean context during decode
     bound_tok_per_s: float | None = None  # bandwidth bound, single-request rows only
     energy_j_per_token: Spread | None = None
-    request_new_tokens: list[int] = []  # single-request mode: per request (first repetition)
-    request_latency_s: list[float] = []  # single-request mode: per request, median over repetitions
+    request_new_tokens: list[int] = []  # single-request mode: per request, repetitions one after another
+    request_latency_s: list[float] = []  # single-request mode: per request, same order
+
+
+class TimedCheck(_Model):
+    """The candidate's timed outputs against vanilla's for the same requests, over every repetition (greedy):
+    a speed figure is only as good as the outputs it was measured on."""
+    requests: int  # timed requests compared (all repetitions)
+    identical_frac: float  # candidate output token-identical to vanilla's
+    first_divergence_mean: float  # mean index of the first differing token (a prefix: the shorter length)
+    length_ratio: float  # summed candidate / vanilla output length (checked at natural length only)
+    missing: int  # requests without exactly one well-formed reply
+    over_length: int  # outputs longer than max_new_tokens (counted only up to max_new_tokens)
+    flagged: bool
+    reasons: list[str] = []
+
+
+class PromptPool(_Model):
+    """Where the timed prompts of one source came from: every prompt is timed at most once per engine process."""
+    name: str  # "gsm8k-test", "gsm8k-dev", "heldout-p32-o64" (rotations of the shape's prompt)
+    available: int  # distinct prompts that fit the context
+    needed: int  # distinct prompts the requested sizes need (all repetitions), warm-up included
+    timed: int  # prompts timed (all repetitions)
+    warmup: int  # prompts reserved for warm-up, never timed
+    shrunk: bool  # requests per repetition lowered to what the pool offers
+    repeated: int  # timed prompts that the process had already seen (0 unless the pool cannot even give one each)
 
 
 class SpeedComparison(_Model):
@@ -109,6 +132,14 @@ class SpeedComparison(_Model):
     candidate: SpeedMeasure
     vanilla: SpeedMeasure
     speedup: Spread  # per-repetition candidate/vanilla throughput ratio (repetitions are paired)
+    requested: int = 0  # requests per repetition asked for (requests: what the prompt pool allowed)
+    prompt_ids: list[list[str]] = []  # per repetition: the timed prompts (item ids; held-out: rotation)
+    distinct_prompts: bool = True  # no timed prompt of this row was seen before by its engine process
+    timed: TimedCheck | None = None  # the candidate's timed outputs against vanilla's
+
+    @property
+    def timed_flagged(self) -> bool:
+        return self.timed is not None and self.timed.flagged
 
 
 class BandwidthInfo(_Model):
@@ -121,7 +152,8 @@ class BandwidthInfo(_Model):
 
 class EngineInfo(_Model):
     engine_dir: str
-    stats: dict
+    stats: dict  # as the engine reported it (untrusted: shown, not relied on); "after": its last stats()
+    build_s: dict[str, float] = {}  # phase ("accuracy", "speed") -> seconds to start and build its process
 
 
 class PostValResult(_Model):
@@ -139,14 +171,20 @@ class PostValResult(_Model):
     bandwidth: BandwidthInfo | None
     energy_available: bool
     energy_note: str
-    flags: list[str]  # human-readable accuracy flags
+    flags: list[str]  # human-readable flags: accuracy beyond ±flag_points, then timed outputs unlike vanilla's
     notes: list[str]  # skips, remapped ids, anything a reader must know
     items: list[ItemOutcome]
+    prompt_pools: list[PromptPool] = []  # where the speed phase's timed prompts came from
     files: dict[str, str] = {}
 
     @property
     def accuracy_flagged(self) -> bool:
         return any(a.flagged for a in self.accuracy)
+
+    @property
+    def timed_flagged(self) -> bool:
+        """Some speed row's timed outputs disagree with vanilla's beyond the tolerances."""
+        return any(c.timed_flagged for c in self.speed + self.workloads)
 
     def accuracy_of(self, task: str) -> AccuracySummary | None:
         return next((a for a in self.accuracy if a.task == task), None)

@@ -1,19 +1,29 @@
-"""run_post_validation: both engines built once in their own processes, every measure, then files.
+"""run_post_validation: the candidate and vanilla E0, each in its own sandboxed process, every measure, then files.
 
-The candidate and vanilla E0 get the same model, options and prompts; accuracy runs greedy with the chat
-template and all prompts in one generate call (the engine batches them); speed repetitions interleave.
+Every byte from an engine process is untrusted, so the engines run under the gate's rules:
+
+1. accuracy: one process per engine, greedy, chat template, all prompts in one generate call (untimed, both
+   engines at once); these processes are then closed;
+2. speed: fresh processes, built again (the extra build time is measured and noted), so no timed engine has
+   seen the accuracy prompts; every repetition of every workload times prompts that process has not seen
+   (plan.speed_plan), warm-up prompts are never timed, and while one engine is timed the other's sandbox is
+   frozen; repetitions interleave, and every timed output is compared with vanilla's (speed.timed_check);
+3. results are assembled and written only after every engine process is closed (nothing of them left).
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..engine_host.affinity import pinned_together
 from .accuracy import (
+    Output,
     bucket_accuracy,
     decode_outputs,
     fits,
@@ -23,7 +33,7 @@ from .accuracy import (
 )
 from .bandwidth import EnergyMeter, bound_tok_per_s, kv_bytes_per_token, measure_bandwidth, weight_bytes_per_token
 from .config import PostValConfig
-from .plan import Plan, Workload, prepare_plan
+from .plan import Plan, TimedSet, prepare_plan, speed_plan
 from .result import (
     ENGINES,
     AccuracySummary,
@@ -34,7 +44,7 @@ from .result import (
     PostValResult,
     SpeedComparison,
 )
-from .speed import BoundFn, compare, measure_pair, warm_up
+from .speed import BoundFn, alone, compare, measure_pair, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -42,132 +52,203 @@ log = logging.getLogger(__name__)
 def run_post_validation(config: PostValConfig) -> PostValResult:
     """Judge config.engine_dir against vanilla E0; writes postval.json, tables and figures to config.out_dir."""
     plan = prepare_plan(config)  # raises PostValError before any engine starts
-    result = measure(plan)
+    result = measure(plan)  # returns only once every engine process is gone
     write_outputs(result, config.out_dir)
     return result
 
 
-def measure(plan: Plan) -> PostValResult:
+def _stats_of(reply: Any) -> dict:
+    """An engine's stats as data (the candidate may reply anything)."""
+    stats = reply.get("stats") if isinstance(reply, dict) else None
+    return stats if isinstance(stats, dict) else {}
+
+
+def _int_stat(stats: dict, key: str, default: int) -> int:
+    v = stats.get(key)
+    return v if type(v) is int and v > 0 else default
+
+
+@contextmanager
+def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[EngineName, float]]]:
+    """Both engines started and built at once (independent processes); yields (engines, build replies, seconds
+    from start to built per engine). On exit both are closed: their whole sandboxes killed, nothing left."""
     from ..engine_host import EngineProcess
+
+    c = plan.config
+    opts, env = plan.engine_options(), c.engine_env()
+    dirs = {"candidate": c.engine_dir, "vanilla": c.vanilla_dir}
+    engines: dict[EngineName, EngineProcess] = {}
+    with ExitStack() as stack:
+        t0 = time.perf_counter()
+        for n in ENGINES:
+            engines[n] = stack.enter_context(EngineProcess(dirs[n], plan.model_dir, opts, c.timeout_s, env))
+
+        def build(n: EngineName) -> tuple[Any, float]:
+            reply = engines[n].build()
+            return reply, time.perf_counter() - t0
+
+        with ThreadPoolExecutor(2) as pool:
+            done = dict(zip(ENGINES, pool.map(build, ENGINES), strict=True))
+        built = {n: done[n][0] for n in ENGINES}
+        build_s = {n: done[n][1] for n in ENGINES}
+        log.info("%s engines built in %.1f s", phase, max(build_s.values()))
+        yield engines, built, build_s
+    left = {n: e.pids() for n, e in engines.items() if e.pids()}
+    if left:  # close() returns only once the sandbox is empty; checked again before anything is written
+        raise RuntimeError(f"engine processes still running after close: {left}")
+
+
+def measure(plan: Plan) -> PostValResult:
     from ..engine_host.client import Sampling
 
     c = plan.config
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
     notes: list[str] = list(plan.notes)
-    opts, env = plan.engine_options(), c.engine_env()
-    with ExitStack() as stack:
-        engines: dict[EngineName, EngineProcess] = {
-            "candidate": stack.enter_context(EngineProcess(c.engine_dir, plan.model_dir, opts, c.timeout_s, env)),
-            "vanilla": stack.enter_context(EngineProcess(c.vanilla_dir, plan.model_dir, opts, c.timeout_s, env)),
-        }
-        with ThreadPoolExecutor(2) as pool:  # independent processes: build both at once
-            built = dict(zip(ENGINES, pool.map(lambda n: engines[n].build(), ENGINES), strict=True))
-        info = {n: EngineInfo(engine_dir=str(engines[n].engine_dir), stats=built[n]["stats"]) for n in ENGINES}
-        context = min(int(built[n]["stats"].get("max_seq_len", opts["max_seq_len"])) for n in ENGINES)
-        device = str(built["vanilla"]["stats"].get("device", c.device))
-        if device == "cpu" and c.cpu_threads is None:
-            notes.append("CPU engines run multi-threaded: their timings swing with any other load on the machine; "
-                         "--cpu-threads 1 gives steadier ratios")
-        log.info("engines built on %s, context %d", device, context)
+    opts = plan.engine_options()
+    info = {n: EngineInfo(engine_dir=str(d), stats={}) for n, d in (("candidate", c.engine_dir),
+                                                                      ("vanilla", c.vanilla_dir))}
+    contexts: list[int] = []
+    device = c.device
+    items: list[ItemOutcome] = []
+    accuracy: list[AccuracySummary] = []
+    buckets: list = []
+    speed: list[SpeedComparison] = []
+    workloads: list[SpeedComparison] = []
+    bandwidth = None
+    meter: EnergyMeter | None = None
+    pools: list = []
 
-        items: list[ItemOutcome] = []
-        accuracy: list[AccuracySummary] = []
-
-        def answer(prompts: list[list[int]], max_new: int) -> dict[EngineName, list]:
-            s = Sampling(max_new_tokens=max_new)  # greedy, EOS on
-            with ThreadPoolExecutor(2) as pool:  # untimed: both engines work at once
-                raw = dict(zip(ENGINES, pool.map(lambda n: engines[n].generate(prompts, s), ENGINES), strict=True))
-            return {n: decode_outputs(plan.tokenizer, raw[n]) for n in ENGINES}
-
-        def task(name: str, all_items: list, all_prompts: list[list[int]], max_new: int, score) -> list:
-            """All prompts of a task in one call per engine; prompts over the context are skipped and counted."""
-            keep = [i for i, p in enumerate(all_prompts) if fits(p, context)]
-            its, prompts = [all_items[i] for i in keep], [all_prompts[i] for i in keep]
-            outs = answer(prompts, max_new) if prompts else {n: [] for n in ENGINES}
-            scored = [o for n in ENGINES for o in score(n, its, prompts, outs[n])]
-            skipped = len(all_items) - len(keep)
-            accuracy.append(summarize_accuracy(name, scored, skipped, c.flag_points))
-            log.info("%s: %d items answered by both engines (%.0f s so far)", name, len(prompts),
-                     time.perf_counter() - t0)
-            if skipped:
-                notes.append(f"{name}: {skipped} of {len(all_items)} prompts exceed the context "
-                             f"({context} tokens) and were skipped")
-            return scored
-
-        if plan.gsm8k_items:
-            items += task("gsm8k", plan.gsm8k_items, plan.gsm8k_prompts, plan.gsm8k_max_new_tokens, score_gsm8k)
-        buckets = []
-        if plan.retrieval_items:
-            ret = task("retrieval", plan.retrieval_items, plan.retrieval_prompts, plan.retrieval_max_new_tokens,
-                       score_retrieval_items)
-            items += ret
-            buckets = bucket_accuracy(plan.retrieval_items, ret)
-
-        # Speed: bandwidth bound and energy meter first, then interleaved repetitions.
-        meter = EnergyMeter(device)
-        speed_prompts = [p for p in plan.speed_prompts if fits(p, context)]
-        bandwidth, bound = (_bandwidth(plan, built, device, notes) if speed_prompts or plan.dev or plan.heldout
-                            else (None, None))
-        speed: list[SpeedComparison] = []
-        if speed_prompts or plan.dev or plan.heldout:  # one shared CPU for all timings (see engine_host.affinity)
-            cpu = stack.enter_context(pinned_together([engines[n].proc.pid for n in ENGINES]))
-            notes.append(f"timed engine processes shared CPU {cpu}" if cpu is not None else
-                         "engine processes could not be pinned to one CPU: timings more exposed to CPU placement")
-        if len(speed_prompts) < c.speed_requests:
-            notes.append(f"speed: {len(speed_prompts)} of the requested {c.speed_requests} GSM8K prompts fit the "
-                         f"context ({context} tokens)")
-        if speed_prompts:
-            natural = Workload(f"natural-{plan.natural_max_new_tokens}", "test", speed_prompts,
-                               plan.natural_max_new_tokens, False)
-            fixed = Workload(f"fixed-{plan.fixed_new_tokens}", "test", speed_prompts, plan.fixed_new_tokens, True)
-            speed += _time_workload(engines, natural, {"single": None, "batch": None}, c.reps, meter, bound, Sampling)
-            modes = {"single": c.fixed_single_requests, "batch": None} if c.fixed_single_requests else {"batch": None}
-            speed += _time_workload(engines, fixed, modes, c.reps, meter, bound, Sampling)
-        workloads: list[SpeedComparison] = []
-        for wl in plan.dev + plan.heldout:
-            prompts = [p for p in wl.prompts if len(p) + (wl.max_new_tokens if wl.kind == "heldout" else 0)
-                       <= context and fits(p, context)]
-            if not prompts:
-                notes.append(f"{wl.name}: does not fit the context ({context} tokens); skipped")
-                continue
-            workloads += _time_workload(engines, Workload(wl.name, wl.kind, prompts, wl.max_new_tokens, wl.ignore_eos),
-                                        {"single": None}, c.reps, meter, bound, Sampling)
-        if any(plan.vocab_size <= t for s in plan.shapes for t in s.token_ids):
-            notes.append(f"held-out shape token ids folded into the model's vocabulary ({plan.vocab_size})")
-        for comp in speed + workloads:
-            if comp.ignore_eos and comp.vanilla.output_lengths.min < comp.max_new_tokens:
-                notes.append(f"{comp.workload}/{comp.mode}: some requests were cut at the context ({context} "
-                             f"tokens) before {comp.max_new_tokens} new tokens")
-            for m in (comp.candidate, comp.vanilla):
-                if not m.deterministic:
-                    notes.append(f"{comp.workload}/{comp.mode}: {m.engine} outputs differ between repetitions")
-        final = {n: engines[n].stats() for n in ENGINES}
+    def record(phase: str, built: dict, build_s: dict[EngineName, float]) -> int:
+        nonlocal device
         for n in ENGINES:
-            info[n].stats = {**info[n].stats, "after": final[n]}
+            info[n].build_s[phase] = round(build_s[n], 2)
+            if not info[n].stats:
+                info[n].stats = _stats_of(built[n])
+        stats = {n: _stats_of(built[n]) for n in ENGINES}
+        context = min(_int_stat(stats[n], "max_seq_len", opts["max_seq_len"]) for n in ENGINES)
+        contexts.append(context)
+        if len(contexts) == 1:
+            device = str(stats["vanilla"].get("device", c.device))  # vanilla's word: the candidate's is untrusted
+            if device == "cpu" and c.cpu_threads is None:
+                notes.append("CPU engines run multi-threaded: their timings swing with any other load on the "
+                             "machine; --cpu-threads 1 gives steadier ratios")
+        log.info("%s engines built on %s, context %d", phase, device, context)
+        return context
 
+    def finish(engines: dict) -> None:
+        for n in ENGINES:
+            info[n].stats = {**info[n].stats, "after": _stats_of({"stats": engines[n].stats()})}
+
+    # ---- 1. accuracy: its own processes, closed before anything is timed ---------------------------------------
+    if plan.gsm8k_items or plan.retrieval_items:
+        with engine_pair(plan, "accuracy") as (engines, built, build_s):
+            context = record("accuracy", built, build_s)
+
+            def answer(prompts: list[list[int]], max_new: int) -> dict[EngineName, list[Output]]:
+                s = Sampling(max_new_tokens=max_new)  # greedy, EOS on
+                with ThreadPoolExecutor(2) as pool:  # untimed: both engines work at once
+                    raw = dict(zip(ENGINES, pool.map(lambda n: engines[n].generate(prompts, s), ENGINES),
+                                   strict=True))
+                return {n: _decoded(plan, engines[n], raw[n], len(prompts)) for n in ENGINES}
+
+            def task(name: str, all_items: list, all_prompts: list[list[int]], max_new: int, score) -> list:
+                """All prompts of a task in one call per engine; prompts over the context are skipped, counted."""
+                keep = [i for i, p in enumerate(all_prompts) if fits(p, context)]
+                its, prompts = [all_items[i] for i in keep], [all_prompts[i] for i in keep]
+                outs = answer(prompts, max_new) if prompts else {n: [] for n in ENGINES}
+                scored = [o for n in ENGINES for o in score(n, its, prompts, outs[n])]
+                skipped = len(all_items) - len(keep)
+                accuracy.append(summarize_accuracy(name, scored, skipped, c.flag_points))
+                log.info("%s: %d items answered by both engines (%.0f s so far)", name, len(prompts),
+                         time.perf_counter() - t0)
+                if skipped:
+                    notes.append(f"{name}: {skipped} of {len(all_items)} prompts exceed the context "
+                                 f"({context} tokens) and were skipped")
+                return scored
+
+            if plan.gsm8k_items:
+                items += task("gsm8k", plan.gsm8k_items, plan.gsm8k_prompts, plan.gsm8k_max_new_tokens,
+                              score_gsm8k)
+            if plan.retrieval_items:
+                ret = task("retrieval", plan.retrieval_items, plan.retrieval_prompts, plan.retrieval_max_new_tokens,
+                           score_retrieval_items)
+                items += ret
+                buckets = bucket_accuracy(plan.retrieval_items, ret)
+            finish(engines)
+
+    # ---- 2. speed: fresh processes; each timed prompt new to its process; one engine running at a time -------
+    if c.speed_requests or plan.dev or plan.heldout:
+        with engine_pair(plan, "speed") as (engines, built, build_s):
+            context = record("speed", built, build_s)
+            sp = speed_plan(plan, min(contexts))
+            notes += sp.notes
+            pools = sp.pools
+            if "accuracy" in info["vanilla"].build_s:
+                acc = max(info[n].build_s["accuracy"] for n in ENGINES)
+                notes.append(f"speed phase: fresh engine processes (none of them saw an accuracy prompt), started "
+                             f"and built in {max(build_s.values()):.1f} s (candidate {build_s['candidate']:.1f} s, "
+                             f"vanilla {build_s['vanilla']:.1f} s) on top of the accuracy phase's {acc:.1f} s")
+            meter = EnergyMeter(device)
+            if sp.sets:
+                bandwidth, bound = _bandwidth(plan, built, device, notes)
+                with pinned_together([pid for n in ENGINES for pid in engines[n].pids()]) as cpu:
+                    notes.append(f"timed engine processes shared CPU {cpu}" if cpu is not None else
+                                 "engine processes could not be pinned to one CPU: timings more exposed to CPU "
+                                 "placement")
+                    notes.append("while one engine was timed or warmed up, the other's whole sandbox was frozen")
+                    for ts in sp.speed:
+                        speed.append(_time_set(engines, ts, meter, bound, Sampling, c))
+                    for ts in sp.workloads:
+                        workloads.append(_time_set(engines, ts, meter, bound, Sampling, c))
+            finish(engines)
+
+    # ---- 3. every engine process is gone: only now is anything assembled and written -------------------------
+    context = min(contexts) if contexts else plan.context
+    meter = meter or EnergyMeter(device)
+    if any(plan.vocab_size <= t for s in plan.shapes for t in s.token_ids):
+        notes.append(f"held-out shape token ids folded into the model's vocabulary ({plan.vocab_size})")
+    for comp in speed + workloads:
+        if comp.ignore_eos and comp.vanilla.output_lengths.min < comp.max_new_tokens:
+            notes.append(f"{comp.workload}/{comp.mode}: some requests were cut at the context ({context} "
+                         f"tokens) before {comp.max_new_tokens} new tokens")
     flags = [f"{a.task}: candidate {a.candidate_acc:.1f}% vs vanilla {a.vanilla_acc:.1f}% "
              f"({a.delta_points:+.1f} points, beyond ±{c.flag_points:g})" for a in accuracy if a.flagged]
+    flags += [f"{comp.workload}/{comp.mode}: the candidate's timed outputs disagree with vanilla's "
+              f"({'; '.join(comp.timed.reasons)}): its speed figure is not trustworthy"
+              for comp in speed + workloads if comp.timed_flagged]
     return PostValResult(
         config=c, model_dir=str(plan.model_dir), started_at=started.isoformat(timespec="seconds"),
         wall_s=time.perf_counter() - t0, context_tokens=context, engines=info, device=device, accuracy=accuracy,
         retrieval_buckets=buckets, speed=speed, workloads=workloads, bandwidth=bandwidth,
-        energy_available=meter.available, energy_note=meter.note, flags=flags, notes=notes, items=items)
+        energy_available=meter.available, energy_note=meter.note, flags=flags, notes=notes, items=items,
+        prompt_pools=pools)
 
 
-def _time_workload(engines, wl: Workload, modes: dict[str, int | None], reps: int, meter: EnergyMeter,
-                   bound: BoundFn | None, sampling_cls: type) -> list[SpeedComparison]:
-    """Each mode over the workload's first N prompts (None: all of them)."""
-    sampling = sampling_cls(max_new_tokens=wl.max_new_tokens, ignore_eos=wl.ignore_eos)
+def _decoded(plan: Plan, engine, raw: Any, n: int) -> list[Output]:
+    """An accuracy reply, checked before decoding: one output per prompt, token ids in the vocabulary."""
+    from ..engine_host import EngineError
+
+    ok = isinstance(raw, list) and len(raw) == n and all(
+        isinstance(r, dict) and isinstance(r.get("finish_reason"), str) and isinstance(r.get("token_ids"), list)
+        and all(type(t) is int and 0 <= t < plan.vocab_size for t in r["token_ids"]) for r in raw)
+    if not ok:
+        raise EngineError(f"{engine.engine_dir}: malformed generate reply to {n} accuracy prompts "
+                          f"(not one output of in-vocabulary token ids per prompt)")
+    return decode_outputs(plan.tokenizer, raw)
+
+
+def _time_set(engines, ts: TimedSet, meter: EnergyMeter, bound: BoundFn | None, sampling_cls: type,
+              c: PostValConfig) -> SpeedComparison:
+    """Warm both engines up on the set's untimed prompts (one at a time), then its interleaved repetitions."""
+    sampling = sampling_cls(max_new_tokens=ts.max_new_tokens, ignore_eos=ts.ignore_eos)
+    warm = [list(p.tokens) for p in ts.warmup]
     for n in ENGINES:
-        warm_up(engines[n], wl.prompts, sampling_cls)
-    out = []
-    for mode, limit in modes.items():
-        prompts = wl.prompts[:limit]
-        log.info("timing %s (%s), %d requests x %d reps", wl.name, mode, len(prompts), reps)
-        timings = measure_pair(engines, prompts, sampling, mode, reps, meter)
-        out.append(compare(wl.name, wl.kind, mode, sampling, prompts, timings, bound))
-    return out
+        with alone(engines, n):
+            warm_up(engines[n], warm, sampling_cls)
+    log.info("timing %s (%s), %d requests x %d reps", ts.workload, ts.mode, ts.requests, len(ts.reps))
+    timings = measure_pair(engines, [[list(p.tokens) for p in rep] for rep in ts.reps], sampling, ts.mode, meter)
+    return compare(ts, sampling, timings, bound, c.timed_min_identical, c.timed_length_tolerance)
 
 
 def _bandwidth(plan: Plan, built: dict, device: str, notes: list[str]) -> tuple[BandwidthInfo | None, BoundFn | None]:
@@ -178,7 +259,7 @@ def _bandwidth(plan: Plan, built: dict, device: str, notes: list[str]) -> tuple[
             bps, source = c.bandwidth_gbs * 1e9, "configured"
         else:
             bps, source = measure_bandwidth(device)
-        dtypes = {n: str(built[n]["stats"].get("dtype", "float32")) for n in ENGINES}
+        dtypes = {n: str(_stats_of(built[n]).get("dtype", "float32")) for n in ENGINES}
         weights = {n: weight_bytes_per_token(plan.model_dir, dtypes[n]) for n in ENGINES}
         kv = {n: kv_bytes_per_token(plan.model_dir, dtypes[n]) for n in ENGINES}
     except (RuntimeError, ValueError, OSError, KeyError) as exc:  # the bound is context, never a reason to fail

@@ -1,39 +1,54 @@
-"""Timed generation through the engine processes, and the statistics of repeated timings.
+"""Timed generation through the engine processes, the statistics of repeated timings, and the check of every
+timed output against vanilla's.
 
 Repetitions alternate the engine order (A B, B A, A B, ...) so slow drift (thermal, clocks, other load)
 falls on both engines alike; throughput counts generated tokens over wall time, prefill included. Unlike the
 gate (per-request interleaving), whole passes alternate here: NVML's energy counter can only be attributed to an
-engine over a stretch in which that engine alone ran.
+engine over a stretch in which that engine alone ran -- and while one engine is timed (or warmed up) the other's
+whole sandbox is frozen (SIGSTOP), so nothing of it runs meanwhile.
+
+Every byte from an engine process is untrusted: replies are checked for shape, a reply counts at most
+max_new_tokens tokens, and the candidate's timed outputs are compared with vanilla's for the same requests
+(timed_check): a speed figure measured on outputs unlike vanilla's is flagged as not trustworthy.
 """
 from __future__ import annotations
 
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .bandwidth import EnergyMeter, mean_decode_context
-from .result import ENGINES, EngineName, LatencyStats, LengthStats, SpeedComparison, SpeedMeasure, Spread
+from .result import (
+    ENGINES,
+    EngineName,
+    LatencyStats,
+    LengthStats,
+    SpeedComparison,
+    SpeedMeasure,
+    Spread,
+    TimedCheck,
+)
 
 if TYPE_CHECKING:
     from ..engine_host import EngineProcess
     from ..engine_host.client import Sampling
+    from .plan import TimedSet
 
 
 @dataclass(frozen=True)
 class Timing:
-    """One repetition of one workload on one engine."""
+    """One repetition of one workload on one engine; outputs aligned with the prompts (None: no usable reply)."""
     wall_s: float
     latencies: list[float]  # per request in single mode; [wall_s] in batch mode
-    outputs: list[list[int]]
+    outputs: list[list[int] | None]
     finish: list[str]
     energy_j: float | None
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(o) for o in self.outputs)
+    tokens: int  # counted: each reply's first max_new_tokens tokens
+    extra_replies: int = 0  # replies beyond one per request
 
 
 # ---- statistics ----------------------------------------------------------------------------------------------
@@ -67,43 +82,133 @@ def length_stats(lengths: Sequence[int], finish: Sequence[str]) -> LengthStats:
 
 # ---- timing --------------------------------------------------------------------------------------------------
 
-def run_once(engine: EngineProcess, prompts: Sequence[list[int]], sampling: Sampling, mode: str,
+def _reply_outputs(engine: EngineProcess, raw: object) -> list[tuple[list[int], str]]:
+    """A generate reply as (token ids, finish reason) pairs; anything else is the engine's error."""
+    from ..engine_host import EngineError
+
+    if not isinstance(raw, list):
+        raise EngineError(f"{engine.engine_dir}: generate replied {type(raw).__name__}, not a list")
+    out = []
+    for r in raw:
+        ids = r.get("token_ids") if isinstance(r, dict) else None
+        fin = r.get("finish_reason") if isinstance(r, dict) else None
+        if not isinstance(ids, list) or not all(type(t) is int for t in ids) or not isinstance(fin, str):
+            raise EngineError(f"{engine.engine_dir}: malformed generate reply {str(r)[:200]!r}")
+        out.append((ids, fin))
+    return out
+
+
+def run_once(engine: EngineProcess, prompts: Sequence[Sequence[int]], sampling: Sampling, mode: str,
              meter: EnergyMeter) -> Timing:
     """single: one request per generate call (latency); batch: all prompts in one call (throughput)."""
     e0 = meter.read_j()
-    latencies, outs = [], []
+    latencies: list[float] = []
+    replies: list[list[tuple[list[int], str]]] = []
     start = time.perf_counter()
     if mode == "single":
         for p in prompts:
             t0 = time.perf_counter()
-            outs += engine.generate([list(p)], sampling)
+            replies.append(_reply_outputs(engine, engine.generate([list(p)], sampling)))
             latencies.append(time.perf_counter() - t0)
     elif mode == "batch":
-        outs = engine.generate([list(p) for p in prompts], sampling)
+        batch = _reply_outputs(engine, engine.generate([list(p) for p in prompts], sampling))
+        replies = [batch[i:i + 1] for i in range(len(prompts))] + ([batch[len(prompts):]] if batch[len(prompts):]
+                                                                     else [])
     else:
         raise ValueError(f"unknown mode {mode!r}")
     wall = time.perf_counter() - start
     e1 = meter.read_j()
-    return Timing(wall_s=wall, latencies=latencies or [wall], outputs=[o["token_ids"] for o in outs],
-                  finish=[o["finish_reason"] for o in outs],
-                  energy_j=None if e0 is None or e1 is None else e1 - e0)
+    outputs = [r[0][0] if r else None for r in replies[: len(prompts)]]
+    extra = sum(max(0, len(r) - 1) for r in replies[: len(prompts)]) + sum(len(r) for r in replies[len(prompts):])
+    return Timing(wall_s=wall, latencies=latencies or [wall], outputs=outputs,
+                  finish=[r[0][1] if r else "missing" for r in replies[: len(prompts)]],
+                  energy_j=None if e0 is None or e1 is None else e1 - e0,
+                  tokens=sum(min(len(o), sampling.max_new_tokens) for o in outputs if o is not None),
+                  extra_replies=extra)
 
 
-def measure_pair(engines: dict[EngineName, EngineProcess], prompts: Sequence[list[int]], sampling: Sampling,
-                 mode: str, reps: int, meter: EnergyMeter) -> dict[EngineName, list[Timing]]:
+@contextmanager
+def alone(engines: Mapping[EngineName, EngineProcess], name: EngineName) -> Iterator[None]:
+    """Every other engine's sandbox frozen for the block (thawed afterwards, also on errors)."""
+    others = [e for n, e in engines.items() if n != name and getattr(e, "box", None) is not None]
+    frozen = []
+    try:
+        for e in others:
+            e.box.freeze()
+            frozen.append(e)
+        yield
+    finally:
+        for e in frozen:
+            e.box.thaw()
+
+
+def measure_pair(engines: Mapping[EngineName, EngineProcess], rep_prompts: Sequence[Sequence[Sequence[int]]],
+                 sampling: Sampling, mode: str, meter: EnergyMeter) -> dict[EngineName, list[Timing]]:
+    """Repetition r times rep_prompts[r] on both engines, one engine at a time (the other frozen)."""
     timings: dict[EngineName, list[Timing]] = {name: [] for name in ENGINES}
-    for rep in range(reps):
+    for rep, prompts in enumerate(rep_prompts):
         order = ENGINES if rep % 2 == 0 else tuple(reversed(ENGINES))
         for name in order:
-            timings[name].append(run_once(engines[name], prompts, sampling, mode, meter))
+            with alone(engines, name):
+                timings[name].append(run_once(engines[name], prompts, sampling, mode, meter))
     return timings
 
 
-def warm_up(engine: EngineProcess, prompts: Sequence[list[int]], sampling_cls: type) -> None:
-    """First calls pay one-off costs (allocator growth, kernel compilation); keep them out of the timings."""
+def warm_up(engine: EngineProcess, prompts: Sequence[Sequence[int]], sampling_cls: type) -> None:
+    """First calls pay one-off costs (allocator growth, kernel compilation); keep them out of the timings. The
+    prompts are never timed (plan.speed_plan reserves them)."""
+    if not prompts:
+        return
     s = sampling_cls(max_new_tokens=8, ignore_eos=True)
     engine.generate([list(prompts[0])], s)
-    engine.generate([list(p) for p in prompts[:8]], s)
+    engine.generate([list(prompts[i % len(prompts)]) for i in range(8)], s)
+
+
+# ---- the timed outputs against vanilla's -----------------------------------------------------------------------
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: int, natural: bool,
+                min_identical: float = 0.5, length_tolerance: float = 0.10) -> TimedCheck:
+    """Pairs the candidate's output for each timed request (every repetition) with vanilla's for the same one.
+
+    Flagged when fewer than min_identical of them are token-identical, when at natural length the summed
+    lengths differ by more than length_tolerance, or when a request got no (or more than one) reply or an
+    output longer than max_new_tokens."""
+    n = identical = div = 0
+    len_c = len_v = missing = over = 0
+    for tc, tv in zip(cand, van, strict=True):
+        missing += tc.extra_replies
+        for oc, ov in zip(tc.outputs, tv.outputs, strict=True):
+            ov = ov or []
+            n += 1
+            if oc is None:
+                missing += 1
+                oc = []
+            over += len(oc) > max_new_tokens
+            identical += oc == ov
+            div += first_divergence(oc, ov)
+            len_c += min(len(oc), max_new_tokens)
+            len_v += len(ov)
+    frac = identical / n if n else 1.0
+    ratio = len_c / len_v if len_v else (1.0 if not len_c else math.inf)
+    reasons = []
+    if frac < min_identical:
+        reasons.append(f"{frac:.2f} of the timed outputs are identical to vanilla's (< {min_identical:g})")
+    if natural and abs(ratio - 1.0) > length_tolerance + 1e-9:
+        reasons.append(f"summed output length {ratio:.2f}x vanilla's (outside ±{100 * length_tolerance:g} %)")
+    if missing:
+        reasons.append(f"{missing} requests without exactly one reply")
+    if over:
+        reasons.append(f"{over} outputs longer than max_new_tokens {max_new_tokens}")
+    return TimedCheck(requests=n, identical_frac=frac, first_divergence_mean=div / n if n else 0.0,
+                      length_ratio=ratio if math.isfinite(ratio) else 1e9, missing=missing, over_length=over,
+                      flagged=bool(reasons), reasons=reasons)
 
 
 # ---- summaries -----------------------------------------------------------------------------------------------
@@ -112,36 +217,40 @@ BoundFn = Callable[[EngineName, float], "float | None"]
 
 
 def summarize_measure(name: EngineName, timings: Sequence[Timing], prompt_lens: Sequence[int], mode: str,
-                      bound: BoundFn | None = None) -> SpeedMeasure:
-    first = timings[0]
-    out_lens = [len(o) for o in first.outputs]
-    deterministic = all(t.outputs == first.outputs for t in timings)
+                      max_new_tokens: int, bound: BoundFn | None = None) -> SpeedMeasure:
+    """prompt_lens: every timed request's, repetitions one after another (as the outputs)."""
+    outs = [o or [] for t in timings for o in t.outputs]
+    out_lens = [min(len(o), max_new_tokens) for o in outs]
+    finish = [f for t in timings for f in t.finish]
     energies = [t.energy_j / t.tokens for t in timings if t.energy_j is not None and t.tokens]
     latency = None
     mean_ctx = bound_value = None
     per_request: list[float] = []
     if mode == "single":
-        per_request = [statistics.median(lat) for lat in zip(*(t.latencies for t in timings), strict=True)]
+        per_request = [lat for t in timings for lat in t.latencies]
         latency = latency_stats(per_request)
         mean_ctx = mean_decode_context(prompt_lens, out_lens)
         bound_value = bound(name, mean_ctx) if bound else None
     return SpeedMeasure(
         engine=name, tok_per_s=spread([t.tokens / t.wall_s for t in timings]),
-        wall_s=spread([t.wall_s for t in timings]),
-        tokens=[t.tokens for t in timings], deterministic=deterministic,
-        output_lengths=length_stats(out_lens, first.finish), latency=latency, mean_context=mean_ctx,
+        wall_s=spread([t.wall_s for t in timings]), tokens=[t.tokens for t in timings],
+        output_lengths=length_stats(out_lens, finish), latency=latency, mean_context=mean_ctx,
         bound_tok_per_s=bound_value, energy_j_per_token=spread(energies) if len(energies) == len(timings) else None,
         request_new_tokens=out_lens if per_request else [], request_latency_s=per_request)
 
 
-def compare(workload: str, kind: str, mode: str, sampling: Sampling, prompts: Sequence[Sequence[int]],
-            timings: dict[EngineName, list[Timing]], bound: BoundFn | None = None) -> SpeedComparison:
-    lens = [len(p) for p in prompts]
-    cand = summarize_measure("candidate", timings["candidate"], lens, mode, bound)
-    van = summarize_measure("vanilla", timings["vanilla"], lens, mode, bound)
-    # Repetition i of A and of B ran back to back: pair them.
+def compare(ts: TimedSet, sampling: Sampling, timings: dict[EngineName, list[Timing]], bound: BoundFn | None = None,
+            min_identical: float = 0.5, length_tolerance: float = 0.10) -> SpeedComparison:
+    lens = [len(p.tokens) for rep in ts.reps for p in rep]
+    cand = summarize_measure("candidate", timings["candidate"], lens, ts.mode, sampling.max_new_tokens, bound)
+    van = summarize_measure("vanilla", timings["vanilla"], lens, ts.mode, sampling.max_new_tokens, bound)
+    # Repetition i of A and of B ran back to back on the same prompts: pair them.
     ratios = [a / b for a, b in zip(cand.tok_per_s.values, van.tok_per_s.values, strict=True)]
-    return SpeedComparison(workload=workload, kind=kind, mode=mode, requests=len(prompts),
+    check = timed_check(timings["candidate"], timings["vanilla"], sampling.max_new_tokens, not sampling.ignore_eos,
+                        min_identical, length_tolerance)
+    return SpeedComparison(workload=ts.workload, kind=ts.kind, mode=ts.mode, requests=ts.requests,
                            max_new_tokens=sampling.max_new_tokens, ignore_eos=sampling.ignore_eos,
                            prompt_len_mean=statistics.fmean(lens), candidate=cand, vanilla=van,
-                           speedup=spread(ratios))
+                           speedup=spread(ratios), requested=ts.requested,
+                           prompt_ids=[[p.id for p in rep] for rep in ts.reps], distinct_prompts=ts.distinct,
+                           timed=check)

@@ -1,7 +1,9 @@
 """Tables of a post-validation result: pandas DataFrames saved as parquet, and markdown for humans.
 
 Every table carries the accuracy verdict (an `accuracy_flag` column in parquet, a status line in markdown),
-so a speed number is never read without knowing whether the engine still answers like vanilla.
+so a speed number is never read without knowing whether the engine still answers like vanilla; every speed row
+also carries the check of its own timed outputs against vanilla's (`timed_*` columns, `timed_flag`): a flagged
+row's speed figure is not trustworthy.
 """
 from __future__ import annotations
 
@@ -38,6 +40,23 @@ def accuracy_status(result: PostValResult) -> str:
     return f"Accuracy vs vanilla within ±{t:g} points ({body})."
 
 
+def timed_status(result: PostValResult) -> str:
+    """One line: whether the candidate's timed outputs matched vanilla's in every speed row."""
+    c = result.config
+    rule = f"identical ≥ {c.timed_min_identical:g}, natural length within ±{100 * c.timed_length_tolerance:g} %"
+    bad = [f"{s.workload}/{s.mode}" for s in result.speed + result.workloads if s.timed_flagged]
+    if bad:
+        return (f"{FLAG} **Timed outputs differ from vanilla's in {', '.join(bad)}** ({rule}): "
+                f"those speed figures are not trustworthy.")
+    if not result.speed + result.workloads:
+        return "No timed outputs."
+    return f"Timed outputs checked against vanilla's for the same requests ({rule})."
+
+
+def _status(result: PostValResult) -> str:
+    return accuracy_status(result) + "\n" + timed_status(result)
+
+
 # ---- DataFrames (parquet: plain numbers) ---------------------------------------------------------------------
 
 def accuracy_frame(result: PostValResult) -> pd.DataFrame:
@@ -56,9 +75,14 @@ def _speed_row(c: SpeedComparison, flagged: bool) -> dict:
         row |= {f"{name}_tok_s": m.tok_per_s.median, f"{name}_tok_s_min": m.tok_per_s.min,
                 f"{name}_tok_s_max": m.tok_per_s.max, f"{name}_bound_tok_s": m.bound_tok_per_s,
                 f"{name}_out_tokens_mean": m.output_lengths.mean,
-                f"{name}_j_per_token": m.energy_j_per_token.median if m.energy_j_per_token else None,
-                f"{name}_deterministic": m.deterministic}
+                f"{name}_j_per_token": m.energy_j_per_token.median if m.energy_j_per_token else None}
+    t = c.timed
     row |= {"speedup": c.speedup.median, "speedup_min": c.speedup.min, "speedup_max": c.speedup.max,
+            "requested": c.requested, "distinct_prompts": c.distinct_prompts,
+            "timed_identical_frac": t.identical_frac if t else None,
+            "timed_first_divergence": t.first_divergence_mean if t else None,
+            "timed_length_ratio": t.length_ratio if t else None, "timed_missing": t.missing if t else None,
+            "timed_over_length": t.over_length if t else None, "timed_flag": c.timed_flagged,
             "accuracy_flag": flagged}
     return row
 
@@ -76,7 +100,8 @@ def workload_frame(result: PostValResult) -> pd.DataFrame:
     if result.config.reported_dev_speedup is not None:
         s = result.config.reported_dev_speedup
         rows.append({"workload": "dev (gate-reported)", "kind": "dev", "mode": "single", "speedup": s,
-                     "speedup_min": s, "speedup_max": s, "accuracy_flag": result.accuracy_flagged})
+                     "speedup_min": s, "speedup_max": s, "timed_flag": False,
+                     "accuracy_flag": result.accuracy_flagged})
     return pd.DataFrame(rows)
 
 
@@ -95,7 +120,8 @@ def latency_frame(result: PostValResult) -> pd.DataFrame:
                          "latency_p10_s": lat.p10, "latency_p90_s": lat.p90,
                          "out_tokens_mean": ol.mean, "out_tokens_median": ol.median, "out_tokens_p10": ol.p10,
                          "out_tokens_p90": ol.p90, "out_tokens_min": ol.min, "out_tokens_max": ol.max,
-                         "length_capped_frac": ol.capped_frac, "accuracy_flag": result.accuracy_flagged})
+                         "length_capped_frac": ol.capped_frac, "timed_flag": c.timed_flagged,
+                         "accuracy_flag": result.accuracy_flagged})
     return pd.DataFrame(rows)
 
 
@@ -134,24 +160,35 @@ def _speed_md_rows(comps: list[SpeedComparison]) -> list[list[str]]:
         bound = "–" if v.bound_tok_per_s is None else f"{v.bound_tok_per_s:.1f} / {a.bound_tok_per_s:.1f}"
         energy = ("–" if v.energy_j_per_token is None or a.energy_j_per_token is None else
                   f"{v.energy_j_per_token.median:.3g} / {a.energy_j_per_token.median:.3g}")
-        det = "yes" if v.deterministic and a.deterministic else f"{FLAG} no"
-        rows.append([c.workload, c.mode, c.requests, f"{c.prompt_len_mean:.0f}",
+        t = c.timed
+        timed = "–" if t is None else (f"{t.identical_frac:.2f} / {t.first_divergence_mean:.1f} / "
+                                       f"{t.length_ratio:.2f}")
+        flag = []
+        if c.timed_flagged:
+            flag.append(f"{FLAG} not trustworthy: " + "; ".join(t.reasons))
+        if not c.distinct_prompts:
+            flag.append(f"{FLAG} prompts repeat within the process")
+        requests = f"{c.requests}" if c.requests == c.requested or not c.requested else f"{c.requests} of {c.requested}"
+        rows.append([c.workload, c.mode, requests, f"{c.prompt_len_mean:.0f}",
                      f"{v.output_lengths.mean:.0f} / {a.output_lengths.mean:.0f}", fmt_spread(v.tok_per_s),
-                     fmt_spread(a.tok_per_s), fmt_spread(c.speedup, 2), bound, energy, det])
+                     fmt_spread(a.tok_per_s), fmt_spread(c.speedup, 2), bound, energy, timed, " ".join(flag)])
     return rows
 
 
-SPEED_HEADER = ["workload", "mode", "requests", "prompt tokens (mean)", "new tokens (mean, v / c)",
+SPEED_HEADER = ["workload", "mode", "requests / rep", "prompt tokens (mean)", "new tokens (mean, v / c)",
                 "vanilla tok/s", "candidate tok/s", "speedup", "bound tok/s (v / c)", "J/token (v / c)",
-                "deterministic"]
+                "timed outputs vs vanilla (identical / 1st divergence / length)", "flag"]
 
 
 def speed_markdown(result: PostValResult) -> str:
     n = result.config.reps
     out = [f"# Throughput vs vanilla E0: median (min–max) of {n} interleaved repetitions", "",
-           accuracy_status(result), "",
+           _status(result), "",
            "single = one request at a time (latency); batch = all requests in one generate call (throughput). "
-           "Prefill included. Bound = memory-bandwidth bound for single-request decode.", "",
+           "Prefill included. Bound = memory-bandwidth bound for single-request decode. Fresh engine processes; "
+           "each repetition times prompts its process has not seen; the other engine frozen meanwhile. Timed "
+           "outputs: the fraction token-identical to vanilla's, the mean first differing token, summed length "
+           "candidate / vanilla.", "",
            markdown_table(SPEED_HEADER, _speed_md_rows(result.speed))]
     return "\n".join(out) + "\n"
 
@@ -160,24 +197,24 @@ def workload_markdown(result: PostValResult) -> str:
     rows = _speed_md_rows(result.workloads)
     if result.config.reported_dev_speedup is not None:
         rows.append(["dev (gate-reported)", "single", "", "", "", "", "", f"{result.config.reported_dev_speedup:.2f}",
-                     "", "", ""])
+                     "", "", "", ""])
     out = ["# Workload dependence: dev workloads next to held-out shapes (single request)", "",
-           accuracy_status(result), "", markdown_table(SPEED_HEADER, rows)]
+           _status(result), "", markdown_table(SPEED_HEADER, rows)]
     return "\n".join(out) + "\n"
 
 
 def latency_markdown(result: PostValResult) -> str:
     header = ["workload", "engine", "requests", "mean s", "median s", "25–75 % s", "10–90 % s", "new tokens mean",
-              "median", "10–90 %", "min–max", "hit max %"]
+              "median", "10–90 %", "min–max", "hit max %", "flag"]
     rows = []
     for _, r in latency_frame(result).iterrows():
         rows.append([r.workload, r.engine, r.requests, f"{r.latency_mean_s:.3f}", f"{r.latency_median_s:.3f}",
                      f"{r.latency_p25_s:.3f}–{r.latency_p75_s:.3f}", f"{r.latency_p10_s:.3f}–{r.latency_p90_s:.3f}",
                      f"{r.out_tokens_mean:.1f}", f"{r.out_tokens_median:.0f}",
                      f"{r.out_tokens_p10:.0f}–{r.out_tokens_p90:.0f}", f"{r.out_tokens_min}–{r.out_tokens_max}",
-                     f"{100 * r.length_capped_frac:.0f}"])
-    out = ["# Single-request latency (per request, median over repetitions) and output lengths", "",
-           accuracy_status(result), "", markdown_table(header, rows)]
+                     f"{100 * r.length_capped_frac:.0f}", f"{FLAG} not trustworthy" if r.timed_flag else ""])
+    out = ["# Single-request latency (every timed request of every repetition) and output lengths", "",
+           _status(result), "", markdown_table(header, rows)]
     return "\n".join(out) + "\n"
 
 
