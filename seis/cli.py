@@ -165,7 +165,7 @@ def post_validate(
         typer.echo(f"note: {note}")
     typer.echo(f"wrote {len(result.files)} files to {out} in {result.wall_s:.0f} s")
     if result.flags:
-        typer.secho("accuracy flagged: " + "; ".join(result.flags), fg=typer.colors.YELLOW, err=True)
+        typer.secho("flagged: " + "; ".join(result.flags), fg=typer.colors.YELLOW, err=True)
 
 
 
@@ -180,6 +180,10 @@ def evolve(
     agent_model: Optional[str] = typer.Option(None, help="LLM agents: model name (default per backend)."),
     agent_base_url: Optional[str] = typer.Option(None, help="LLM agents: API base URL (default: the SDK's env)."),
     agent_command: Optional[str] = typer.Option(None, help="cli agent: headless coding-agent command line."),
+    agent_network: Optional[str] = typer.Option(
+        None, help="cli agent: none (default), api (only its API endpoint, via a SEIS proxy) or host."),
+    agent_pass_env: Optional[str] = typer.Option(
+        None, help="cli agent: comma-separated env var names handed to the cli tool (its own API key)."),
     max_turns: Optional[int] = typer.Option(None, help="LLM agents: API calls per session."),
     max_tokens: Optional[int] = typer.Option(None, help="LLM agents: tokens per session."),
     max_cost_usd: Optional[float] = typer.Option(None, help="LLM agents: USD per session."),
@@ -198,7 +202,9 @@ def evolve(
     values = dict(protocol=protocol, chains=chains, sessions=sessions, sync_every=sync_every, model=model,
                   agent=agent, gate=gate, device=device, seed=seed, store=store, post_validate=post_validate)
     optional = dict(agent_model=agent_model, agent_base_url=agent_base_url, agent_command=agent_command,
-                    max_turns=max_turns, max_tokens=max_tokens, max_cost_usd=max_cost_usd)
+                    max_turns=max_turns, max_tokens=max_tokens, max_cost_usd=max_cost_usd, agent_network=agent_network,
+                    agent_pass_env=[n.strip() for n in agent_pass_env.split(",") if n.strip()]
+                    if agent_pass_env else None)
     values |= {k: v for k, v in optional.items() if v is not None}  # unset: RunConfig's defaults (and env)
     if out is not None:
         values["out"] = out

@@ -48,11 +48,21 @@ class RunConfig(BaseModel):
     max_turns: int = Field(50, ge=1, description="LLM agents: API calls per session")
     prompt_template: str = Field("session_v1", min_length=1,
                                  description="LLM agents: a bundled prompt template name or a file path")
-    agent_prices: dict[str, tuple[float, float]] = Field(
-        default_factory=dict, description="LLM agents: model prefix -> (USD/Mtok in, out); key 'default' prices "
-                                          "unknown models (else they cost $0, with a note)")
+    agent_prices: dict[str, tuple[float, ...]] = Field(
+        default_factory=dict, description="LLM agents: model prefix -> (USD/Mtok in, out) or (in, out, cache read, "
+                                          "cache write); key 'default' prices unknown models (else they cost $0, "
+                                          "with a note)")
     agent_max_retries: int = Field(4, ge=0, le=20, description="LLM agents: SDK retries on 429 / 5xx")
     agent_wall_s: float | None = Field(None, gt=0, description="LLM agents: wall-clock limit per session")
+    agent_network: Literal["none", "api", "host"] = Field(
+        "none", description="cli agent: its sandbox's network: none (loopback only), api (only its API endpoints, "
+                            "through a SEIS proxy) or host (the host's whole network; an explicit opt-in)")
+    agent_api_endpoints: list[str] = Field(
+        default_factory=list, description="cli agent, agent_network=api: host:port (or URLs) it may reach (default: "
+                                          "agent_base_url, else the official API of the key it is passed)")
+    agent_pass_env: list[str] = Field(
+        default_factory=list, description="cli agent: names of environment variables handed to the cli process "
+                                          "(its own API key); never to a dev benchmark or an SDK agent's shell")
     store: Path = Field(Path("store"), description="snapshot store (DVC-tracked when inside a DVC repo)")
 
     @field_validator("out", "store")
@@ -72,6 +82,11 @@ class RunConfig(BaseModel):
                              "headless coding agent, e.g. 'claude -p --permission-mode acceptEdits'")
         if any(p < 0 for prices in self.agent_prices.values() for p in prices):
             raise ValueError("agent_prices must be >= 0 (USD per million tokens)")
+        if any(len(prices) not in (2, 4, 5) for prices in self.agent_prices.values()):
+            raise ValueError("agent_prices entries are (in, out) or (in, out, cache_read, cache_write[, "
+                             "cache_write_1h]) in USD per million tokens")
+        if self.agent != "cli" and (self.agent_network != "none" or self.agent_pass_env or self.agent_api_endpoints):
+            raise ValueError("agent_network, agent_pass_env and agent_api_endpoints apply to the cli agent only")
         return self
 
     def preflight(self) -> None:

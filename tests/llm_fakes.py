@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,11 +13,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 @dataclass(frozen=True)
 class Reply:
-    """One model turn: optional text, tool calls [(name, args)], usage (input, output tokens)."""
+    """One model turn: optional text, tool calls [(name, args)], usage (input, output tokens; None: the reply
+    carries no usage), cache (cache-read, cache-write input tokens, reported the provider's way), and a delay
+    before the answer is sent."""
 
     text: str = ""
     calls: tuple[tuple[str, dict], ...] = ()
-    usage: tuple[int, int] = (100, 20)
+    usage: tuple[int, int] | None = (100, 20)
+    cache: tuple[int, int] = (0, 0)
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class Request:
     path: str
     headers: dict[str, str]
     body: dict
+    t: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 Step = Reply | Fail | Callable[[Request], "Reply | Fail"]
@@ -97,6 +103,8 @@ class FakeAPI:
             step = step(req)
         if isinstance(step, Fail):
             return step.status, self._error(step.status, step.message)
+        if step.delay_s:
+            time.sleep(step.delay_s)
         return 200, (self._anthropic(step, n) if self.kind == "anthropic" else self._openai(step, n))
 
     def _error(self, status: int, message: str) -> dict:
@@ -112,9 +120,12 @@ class FakeAPI:
         content = ([{"type": "text", "text": r.text}] if r.text else []) + [
             {"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": args}
             for i, (name, args) in enumerate(r.calls)]
-        return {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": "claude-fake",
-                "content": content, "stop_reason": "tool_use" if r.calls else "end_turn", "stop_sequence": None,
-                "usage": {"input_tokens": r.usage[0], "output_tokens": r.usage[1]}}
+        body = {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": "claude-fake",
+                "content": content, "stop_reason": "tool_use" if r.calls else "end_turn", "stop_sequence": None}
+        if r.usage is not None:  # input_tokens excludes the cached ones (Anthropic's way)
+            body["usage"] = {"input_tokens": r.usage[0], "output_tokens": r.usage[1],
+                             "cache_read_input_tokens": r.cache[0], "cache_creation_input_tokens": r.cache[1]}
+        return body
 
     @staticmethod
     def _openai(r: Reply, n: int) -> dict:
@@ -123,8 +134,11 @@ class FakeAPI:
             message["tool_calls"] = [{"id": f"call_{n}_{i}", "type": "function",
                                       "function": {"name": name, "arguments": json.dumps(args)}}
                                      for i, (name, args) in enumerate(r.calls)]
-        return {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": "gpt-fake",
+        body = {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": "gpt-fake",
                 "choices": [{"index": 0, "message": message,
-                             "finish_reason": "tool_calls" if r.calls else "stop"}],
-                "usage": {"prompt_tokens": r.usage[0], "completion_tokens": r.usage[1],
-                          "total_tokens": sum(r.usage)}}
+                             "finish_reason": "tool_calls" if r.calls else "stop"}]}
+        if r.usage is not None:  # prompt_tokens includes the cached ones (OpenAI's way)
+            body["usage"] = {"prompt_tokens": r.usage[0] + r.cache[0], "completion_tokens": r.usage[1],
+                             "total_tokens": sum(r.usage) + r.cache[0],
+                             "prompt_tokens_details": {"cached_tokens": r.cache[0]}}
+        return body

@@ -19,7 +19,7 @@ from seis.agents.llm.cli_agent import REPORT_FILE, CliAgent, parse_changes
 from seis.agents.llm.pricing import price_for
 from seis.agents.llm.prompt import load_template, render_prompt
 from seis.agents.llm.redact import Redactor
-from seis.agents.llm.shell import NO_SANDBOX, detect_sandbox
+from seis.agents.llm.confine import AgentSandbox
 from seis.agents.llm.tools import TOOL_SPECS, Toolbox
 from seis.agents.report import SessionBlock, render_report
 from seis.engine_import import ENGINE_TEMPLATE
@@ -141,7 +141,7 @@ def test_paths_outside_the_workspace_are_refused(tmp_path):
     outside.write_text("held-out answers")
     (ws.root / "engine" / "leak").symlink_to(outside)
     (ws.root / "engine" / "leakdir").symlink_to(tmp_path)
-    box = Toolbox(ws.root, sandbox=NO_SANDBOX)
+    box = Toolbox(ws.root)
     for name, args in [("read_file", {"path": "../secret.txt"}), ("read_file", {"path": "/etc/passwd"}),
                        ("read_file", {"path": "engine/leak"}), ("read_file", {"path": "engine/leakdir/secret.txt"}),
                        ("write_file", {"path": "../x", "content": "x"}), ("list_files", {"path": ".."}),
@@ -176,23 +176,22 @@ def test_confinement_errors_go_back_to_the_model(tmp_path, env):
     assert result.status == "no_change" and not (tmp_path / "session" / "x").exists()
 
 
-@pytest.mark.skipif(detect_sandbox().kind == "none", reason="unshare --net is not allowed here")
-def test_shell_has_no_network_no_keys_and_no_hidden_dirs(tmp_path, monkeypatch):
+def test_shell_has_no_network_no_keys_and_sees_only_the_workspace(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
     hidden = tmp_path / "heldout"
     hidden.mkdir()
     (hidden / "answers.txt").write_text("42")
     ws = _ws(tmp_path)
     with FakeAPI("openai", []) as api:  # something listening on the host's 127.0.0.1
-        box = Toolbox(ws.root, sandbox=detect_sandbox(), hidden=(hidden,))
+        box = Toolbox(ws.root, sandbox=AgentSandbox())
         probe = (f"python -c \"import socket; socket.create_connection(('127.0.0.1', {api.port}), timeout=2)\" "
                  "&& echo REACHED || echo BLOCKED")
         assert "BLOCKED" in box.call("run_shell", {"command": probe}).text
         assert api.requests == []
     out = box.call("run_shell", {"command": "env; echo HOME=$HOME"}).text
     assert FAKE_KEY not in out and "OPENAI_API_KEY" not in out and str(ws.root) not in out.split("HOME=")[-1]
-    if detect_sandbox().kind == "net+mount":
-        assert "42" not in box.call("run_shell", {"command": f"cat {hidden}/answers.txt"}).text
+    assert "42" not in box.call("run_shell", {"command": f"cat {hidden}/answers.txt"}).text
+    assert "/workspace" in box.call("run_shell", {"command": "pwd"}).text
     slow = box.call("run_shell", {"command": "sleep 30", "timeout_s": 1})
     assert "timed out" in slow.text
     box.close()
@@ -238,7 +237,8 @@ def test_cost_budget_and_unknown_model_pricing(tmp_path, env):
     assert price_for("my-local-model").source == "unknown" and price_for("my-local-model").cost(10**6, 10**6) == 0
     assert "cost counted as $0" in price_for("my-local-model").note
     assert price_for("claude-sonnet-4-5-20250929").source == "claude-sonnet-4-5"
-    assert not price_for("gpt-5.5").known and not price_for("claude-sonnet-4-6").known  # no guessed prices
+    assert not price_for("gpt-5.5").known and not price_for("claude-sonnet-4-7").known  # no guessed prices
+    assert price_for("claude-sonnet-4-6").known and price_for("gpt-5").known  # the backends' default models
     assert price_for("openrouter/gpt-4.1-mini").source == "gpt-4.1-mini"
 
 
@@ -420,3 +420,23 @@ def test_sdks_are_imported_lazily():
             "print(sorted(m for m in ('anthropic', 'openai') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_cli_network_policy_is_configured_and_checked(monkeypatch):
+    from pydantic import ValidationError
+
+    from seis.agents.llm.cli_agent import api_endpoints
+    from seis.config import RunConfig
+    from seis.session.steps import make_agent
+    with pytest.raises(ValidationError, match="cli agent only"):
+        RunConfig(agent="openai", agent_network="host")
+    agent = make_agent(RunConfig(agent="cli", agent_command="true", agent_network="api",
+                                 agent_pass_env=["ANTHROPIC_API_KEY"]))
+    assert agent.settings.network == "api" and agent.settings.pass_env == ("ANTHROPIC_API_KEY",)
+    assert api_endpoints(agent.settings, {}) == ["api.anthropic.com:443"]
+    assert api_endpoints(LLMSettings("cli", command="x", network="api", base_url="http://127.0.0.1:8000/v1")) == \
+        ["127.0.0.1:8000"]
+    with pytest.raises(ValueError, match="needs the endpoint"):
+        check_ready(LLMSettings("cli", command="true", network="api"))
+    with pytest.raises(ValueError, match="not environment variable names"):
+        check_ready(LLMSettings("cli", command="true", pass_env=("A; rm -rf /",)))

@@ -4,7 +4,8 @@
 """
 from .report import (Lineage, SessionBlock, lineage, parse_session_block, render_block, render_report,
                      stamp_verdict)
+from .llm.secrets import find_secrets
 from .types import Adoption, Agent, AgentResult, Budget, Failure, SessionContext, Status
 
 __all__ = ["Adoption", "Agent", "AgentResult", "Budget", "Failure", "Lineage", "SessionBlock", "SessionContext",
-           "Status", "lineage", "parse_session_block", "render_block", "render_report", "stamp_verdict"]
+           "Status", "find_secrets", "lineage", "parse_session_block", "render_block", "render_report", "stamp_verdict"]

@@ -30,11 +30,22 @@ def __getattr__(name: str):  # lazy: the agent modules pull in the tool layer an
 def make_llm_agent(config):
     """The agent a RunConfig asks for (agent: anthropic | openai | cli), with the real dev benchmark (its
     'parent' row is each session's parent tree, bound at edit time)."""
+    from .confine import AgentSandbox
     from .devbench import SubprocessDevBenchmark
     settings = settings_from_config(config)
     bench = SubprocessDevBenchmark(model=config.model, device=config.device, sizes=config.gate, seed=config.seed)
+    sandbox = AgentSandbox(model_dir=_model_dir(config.model), device=config.device)
     if settings.backend == "cli":
         from .cli_agent import CliAgent
-        return CliAgent(settings, bench)
+        return CliAgent(settings, bench, sandbox=sandbox)
     from .agent import LLMAgent
-    return LLMAgent(settings, bench)
+    return LLMAgent(settings, bench, sandbox=sandbox)
+
+
+def _model_dir(name: str):
+    """The run's model directory (shown read-only at /model in agent sandboxes), or None when not there."""
+    try:
+        from ..models import resolve_model
+        return resolve_model(name, prepare=False)
+    except Exception:  # noqa: BLE001 - not prepared yet, or not a model: the agent works without it
+        return None

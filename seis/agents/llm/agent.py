@@ -3,9 +3,16 @@ inside budgets, with a redacted transcript. Same interface as the offline agent:
 
 The loop: prompt -> model turn -> tool calls run in the workspace -> results back -> ... until the model calls
 finish, or a budget / the wall clock / the API stops it. Nothing raises out of edit(): a session that cannot go
-on ends "edited" when the tree changed (the gate judges it as it is), else "failed"."""
+on ends "edited" when the tree changed (the gate judges it as it is), else "failed".
+
+The API key stays in this process (the SDK client); shell commands run in a fresh sandbox per call
+(confine.py) and the dev benchmark in a child with an allow-listed environment. The session's wall clock
+bounds every API call too (the SDK's request timeout is the time left, and the loop stops waiting at the
+deadline). When edit() returns, no process the agent started is alive, and the workspace has been checked
+(finish_workspace): links, special files, oversized files and keys make the session "failed" with the reason."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -13,13 +20,14 @@ from pathlib import Path
 from ...workspace import TreeError, Workspace
 from ..types import AgentResult, SessionContext
 from .budget import Meter
+from .confine import AgentSandbox, sanitize_workspace
 from .conversation import Conversation, Turn, describe_error
 from .pricing import price_for
 from .prompt import Prompt, load_template, render_prompt
 from .redact import Redactor
 from .result import SessionEnd, build_result
+from .secrets import find_secrets
 from .settings import LLMSettings
-from .shell import Sandbox, default_hidden_dirs, detect_sandbox
 from .tools import DevBenchmark, ToolOutcome, Toolbox
 from .transcript import Transcript
 
@@ -48,19 +56,63 @@ def session_dir_of(workspace: Workspace, context: SessionContext) -> Path:
 def tree_changed(workspace: Workspace) -> bool:
     try:
         return workspace.changed()
-    except TreeError:  # e.g. a symlink out of the tree: changed, and the gate will refuse it
+    except (TreeError, OSError):  # e.g. a symlink out of the tree: changed, and the gate will refuse it
         return True
+
+
+def finish_workspace(workspace: Workspace, redactor: Redactor) -> str | None:
+    """After the session (nothing of the agent alive): make the tree safe for the host (sanitize_workspace)
+    and blank every file that holds a key. Returns why the session is rejected, or None."""
+    problems = sanitize_workspace(workspace.root)
+    leaks = find_secrets(workspace.root, redactor.secrets)
+    for line in leaks:
+        rel = line.split(": ", 1)[0]
+        target = workspace.root / rel
+        if target.is_file() and not target.is_symlink():
+            target.write_text("# removed by SEIS: this file held an API key\n")
+    if not problems and not leaks:
+        return None
+    parts = problems + [f"{line.split(': ', 1)[0]}: held an API key (file blanked)" for line in leaks]
+    shown = "; ".join(parts[:8]) + (f"; and {len(parts) - 8} more" if len(parts) > 8 else "")
+    return f"workspace rejected: {shown}"
+
+
+class ApiDeadline(Exception):
+    """The session's wall clock ran out while an API call was in flight."""
+
+
+def ask_within(conv: Conversation, max_output_tokens: int, request_timeout_s: float,
+               time_left: float | None) -> Turn:
+    """conv.ask, with the SDK's request timeout at most the time left, and never waiting past it (a reply
+    trickling in slower than the SDK's timeouts notice is abandoned)."""
+    if time_left is None:
+        return conv.ask(max_output_tokens, timeout_s=request_timeout_s)
+    if time_left <= 0:
+        raise ApiDeadline()
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["turn"] = conv.ask(max_output_tokens, timeout_s=max(1.0, min(request_timeout_s, time_left)))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+    t = threading.Thread(target=run, daemon=True, name="seis-api-call")
+    t.start()
+    t.join(time_left)
+    if t.is_alive():
+        raise ApiDeadline()
+    if "error" in box:
+        raise box["error"]
+    return box["turn"]
 
 
 class LLMAgent:
     def __init__(self, settings: LLMSettings, dev_benchmark: DevBenchmark | None = None, *,
-                 sandbox: Sandbox | None = None, hidden_dirs: tuple[Path, ...] | None = None,
-                 conversation: ConversationFactory = _sdk_conversation):
+                 sandbox: AgentSandbox | None = None, conversation: ConversationFactory = _sdk_conversation):
         self.settings = settings
         self.name = settings.backend
         self.dev_benchmark = dev_benchmark
-        self.sandbox = sandbox          # None: detected on first use (unshare --net when it works)
-        self.hidden_dirs = hidden_dirs  # None: evaluator code and prepared / held-out data
+        self.sandbox = sandbox or AgentSandbox()  # SDK agents: never a network in the sandbox
         self.conversation = conversation
 
     def edit(self, workspace: Workspace, context: SessionContext) -> AgentResult:
@@ -73,18 +125,22 @@ class LLMAgent:
                       wall)
         template = load_template(s.prompt_template)
         prompt = render_prompt(template, workspace, context, mode="tools", max_turns=s.max_turns, wall_s=wall)
-        sandbox = self.sandbox or detect_sandbox()
         bench = self.dev_benchmark
         if hasattr(bench, "for_parent"):  # the real benchmark: the parent row is this session's parent
             bench = bench.for_parent(workspace.parent_dir)
-        toolbox = Toolbox(workspace.root, bench, sandbox,
-                          default_hidden_dirs() if self.hidden_dirs is None else self.hidden_dirs,
-                          s.shell_timeout_s)
+        if hasattr(bench, "until"):       # ... and it never runs past the session's end
+            bench = bench.until(meter.deadline)
+        sandbox, sandbox_note = self.sandbox, _sandbox_description()
+        toolbox = Toolbox(workspace.root, bench, sandbox if sandbox_note.startswith("bubblewrap") else None,
+                          s.shell_timeout_s, deadline=meter.deadline, redact=redactor.text)
         transcript.log("session", agent=self.name, model=s.resolved_model, base_url=s.base_url,
                        prompt_version=prompt.version, chain=context.chain, session=context.session,
-                       budget=asdict(budget), max_turns=s.max_turns, sandbox=sandbox.kind,
+                       budget=asdict(budget), max_turns=s.max_turns, sandbox=sandbox_note, network="none",
                        price={"usd_per_mtok_in": meter.price.input_per_mtok,
-                              "usd_per_mtok_out": meter.price.output_per_mtok, "source": meter.price.source})
+                              "usd_per_mtok_out": meter.price.output_per_mtok,
+                              "usd_per_mtok_cache_read": meter.price.cache_read_per_mtok,
+                              "usd_per_mtok_cache_write": meter.price.cache_write_per_mtok,
+                              "source": meter.price.source})
         transcript.log("prompt", system=prompt.system, user=prompt.user)
         try:
             conv = self.conversation(s, prompt)
@@ -93,15 +149,19 @@ class LLMAgent:
             end = SessionEnd(False, f"API error: {describe_error(e)}")
         finally:
             toolbox.close()
+        rejected = finish_workspace(workspace, redactor)
         changed = tree_changed(workspace)
-        transcript.log("end", finished=end.finished, reason=end.reason, changed=changed, **meter.summary(),
-                       tool_calls=dict(toolbox.calls))
+        transcript.log("end", finished=end.finished, reason=end.reason, changed=changed, rejected=rejected,
+                       **meter.summary(), tool_calls=dict(toolbox.calls))
+        usage_note = (f"; usage unknown for {meter.unknown_usage} of {meter.turns} turns (tokens and cost "
+                      "undercounted)" if meter.unknown_usage else "")
         notes = (f"{s.resolved_model} prompt={prompt.version} turns={meter.turns} "
                  f"tokens={meter.tokens_in}+{meter.tokens_out} cost=${meter.cost_usd:.4f} end={end.reason}"
+                 + (f"; {rejected}" if rejected else "") + usage_note
                  + (f"; {meter.price.note}" if meter.price.note else ""))
         return build_result(self.name, context, changed, end, redactor, model=s.resolved_model,
                             tokens_in=meter.tokens_in, tokens_out=meter.tokens_out, cost_usd=meter.cost_usd,
-                            wall_s=meter.wall_s, notes=notes)
+                            wall_s=meter.wall_s, notes=notes, rejected=rejected)
 
     def _loop(self, conv: Conversation, toolbox: Toolbox, meter: Meter, transcript: Transcript) -> SessionEnd:
         nudges = 0
@@ -109,11 +169,19 @@ class LLMAgent:
             if (reason := meter.exhausted()) is not None:
                 return SessionEnd(False, reason)
             try:
-                turn = conv.ask(meter.output_cap(self.settings.max_output_tokens))
+                turn = ask_within(conv, meter.output_cap(self.settings.max_output_tokens),
+                                  self.settings.request_timeout_s, meter.time_left())
+            except ApiDeadline:
+                transcript.log("error", error="wall-clock limit reached during an API call")
+                return SessionEnd(False, f"wall-clock budget spent during an API call ({meter.wall_s:.0f} of "
+                                         f"{meter.max_wall_s:.0f} s)")
             except Exception as e:  # noqa: BLE001 - the SDK already retried what can be retried
                 transcript.log("error", error=describe_error(e))
                 return SessionEnd(False, f"API error after retries: {describe_error(e)}")
-            meter.add(turn.tokens_in, turn.tokens_out)
+            meter.add(turn.usage)
+            if meter.max_wall_s is not None and meter.wall_s >= meter.max_wall_s:
+                self._log_turn(transcript, meter, turn)  # the reply came too late to act on
+                return SessionEnd(False, f"wall-clock budget spent ({meter.wall_s:.0f} of {meter.max_wall_s:.0f} s)")
             self._log_turn(transcript, meter, turn)
             if not turn.calls:
                 if nudges >= MAX_NUDGES:
@@ -144,5 +212,13 @@ class LLMAgent:
     def _log_turn(transcript: Transcript, meter: Meter, turn: Turn) -> None:
         transcript.log("turn", n=meter.turns, text=turn.text, stop_reason=turn.stop_reason,
                        calls=[{"id": c.id, "name": c.name, "args": c.args} for c in turn.calls],
-                       usage={"tokens_in": turn.tokens_in, "tokens_out": turn.tokens_out},
+                       usage=None if turn.usage is None else asdict(turn.usage),
                        spent={"tokens": meter.tokens, "cost_usd": round(meter.cost_usd, 6)}, response=turn.raw)
+
+
+def _sandbox_description() -> str:
+    from ...sandbox import SandboxUnavailable, bwrap_version
+    try:
+        return f"{bwrap_version()} (one sandbox per shell call; workspace only, no network, no keys)"
+    except SandboxUnavailable as e:
+        return f"unavailable: {e} (run_shell refused)"

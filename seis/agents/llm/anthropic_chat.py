@@ -3,7 +3,7 @@
 429 / 5xx / 529 (overloaded) with backoff are the SDK's own (max_retries)."""
 from __future__ import annotations
 
-from .conversation import ToolCall, Turn
+from .conversation import ToolCall, Turn, Usage
 from .settings import LLMSettings
 from .tools import TOOL_SPECS, ToolOutcome
 
@@ -22,6 +22,19 @@ def _param(block) -> dict | None:
     return block.model_dump(mode="json", exclude_none=True)
 
 
+def anthropic_usage(u) -> Usage | None:
+    """input_tokens excludes cache reads and writes; cache_creation (when present) splits the writes by
+    lifetime (5 minutes at 1.25x, 1 hour at 2x)."""
+    if u is None or getattr(u, "input_tokens", None) is None or getattr(u, "output_tokens", None) is None:
+        return None
+    writes = getattr(u, "cache_creation_input_tokens", None) or 0
+    split = getattr(u, "cache_creation", None)
+    w1h = (getattr(split, "ephemeral_1h_input_tokens", None) or 0) if split is not None else 0
+    w1h = min(w1h, writes)
+    return Usage(u.input_tokens, u.output_tokens, getattr(u, "cache_read_input_tokens", None) or 0,
+                 writes - w1h, w1h)
+
+
 class AnthropicConversation:
     def __init__(self, settings: LLMSettings, system: str, user: str, client=None):
         if client is None:
@@ -34,18 +47,17 @@ class AnthropicConversation:
         self.tools = [t.anthropic() for t in TOOL_SPECS]
         self.messages: list[dict] = [{"role": "user", "content": user}]
 
-    def ask(self, max_output_tokens: int) -> Turn:
+    def ask(self, max_output_tokens: int, timeout_s: float | None = None) -> Turn:
+        extra = {} if timeout_s is None else {"timeout": timeout_s}  # per attempt; the agent bounds the total
         resp = self.client.messages.create(model=self.model, max_tokens=max_output_tokens, system=self.system,
-                                           tools=self.tools, messages=self.messages)
+                                           tools=self.tools, messages=self.messages, **extra)
         content = [p for p in (_param(b) for b in resp.content) if p is not None]
         self.messages.append({"role": "assistant", "content": content or [{"type": "text", "text": "(empty)"}]})
         calls = tuple(ToolCall(b.id, b.name, b.input if isinstance(b.input, dict) else None,
                                None if isinstance(b.input, dict) else "arguments must be a JSON object")
                       for b in resp.content if b.type == "tool_use")
         text = "\n".join(b.text for b in resp.content if b.type == "text")
-        u = resp.usage
-        tokens_in = u.input_tokens + (u.cache_creation_input_tokens or 0) + (u.cache_read_input_tokens or 0)
-        return Turn(text, calls, tokens_in, u.output_tokens, resp.stop_reason,
+        return Turn(text, calls, anthropic_usage(getattr(resp, "usage", None)), resp.stop_reason,
                     resp.model_dump(mode="json", exclude_none=True))
 
     def answer(self, results: list[tuple[ToolCall, ToolOutcome]], note: str | None = None) -> None:

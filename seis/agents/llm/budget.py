@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .conversation import Usage
 from .pricing import Price
 
 MIN_OUTPUT_TOKENS = 256  # below this a turn can't do useful work: the budget counts as spent
@@ -21,13 +22,29 @@ class Meter:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0
+    cache_read: int = 0
+    cache_write: int = 0
+    unknown_usage: int = 0        # replies without usage: their tokens and cost are unknown, not 0
     t0: float = field(default_factory=time.monotonic)
 
-    def add(self, tokens_in: int, tokens_out: int) -> None:
+    def add(self, usage: Usage | None) -> None:
         self.turns += 1
-        self.tokens_in += tokens_in
-        self.tokens_out += tokens_out
-        self.cost_usd += self.price.cost(tokens_in, tokens_out)
+        if usage is None:
+            self.unknown_usage += 1
+            return
+        self.tokens_in += usage.tokens_in
+        self.tokens_out += usage.output
+        self.cache_read += usage.cache_read
+        self.cache_write += usage.cache_write + usage.cache_write_1h
+        self.cost_usd += self.price.cost(usage.input, usage.output, usage.cache_read, usage.cache_write,
+                                         usage.cache_write_1h)
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.max_wall_s is None else self.t0 + self.max_wall_s
+
+    def time_left(self) -> float | None:
+        return None if self.max_wall_s is None else self.max_wall_s - self.wall_s
 
     @property
     def tokens(self) -> int:
@@ -52,6 +69,9 @@ class Meter:
 
     def exhausted(self) -> str | None:
         """Why no further API call may be made, or None."""
+        if self.unknown_usage and (self.max_tokens is not None or self.max_cost_usd is not None):
+            return (f"token usage unknown: {self.unknown_usage} API repl{'y' if self.unknown_usage == 1 else 'ies'} "
+                    "carried no usage, so the token / cost budget cannot be enforced")
         if self.max_turns is not None and self.turns >= self.max_turns:
             return f"turn budget spent ({self.turns} of {self.max_turns} turns)"
         if self.max_tokens is not None and self.max_tokens - self.tokens < MIN_OUTPUT_TOKENS:
@@ -77,4 +97,6 @@ class Meter:
 
     def summary(self) -> dict:
         return {"turns": self.turns, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
-                "cost_usd": round(self.cost_usd, 6), "wall_s": round(self.wall_s, 3)}
+                "cache_read_tokens": self.cache_read, "cache_write_tokens": self.cache_write,
+                "unknown_usage_turns": self.unknown_usage, "cost_usd": round(self.cost_usd, 6),
+                "wall_s": round(self.wall_s, 3)}

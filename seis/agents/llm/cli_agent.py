@@ -1,36 +1,68 @@
 """An external coding agent run headless in the workspace (`claude -p`, `codex exec`, aider, a script...).
 
-The command line (RunConfig.agent_command) runs under bash in the workspace root with the session prompt on
-stdin; the prompt is also in $SEIS_PROMPT_FILE (outside the workspace). The agent writes its report to
-SESSION_REPORT.md in the workspace root; SEIS reads it, removes it from the tree, and wraps it into the
-standard report. $SEIS_DEV_BENCHMARK holds a ready command line for the dev speed table.
+The command line (RunConfig.agent_command) runs under bash in a sandbox (confine.py) whose working directory is
+the workspace (/workspace), with the session prompt on stdin and in $SEIS_PROMPT_FILE (/seis/prompt.md). The
+agent writes its report to SESSION_REPORT.md in the workspace root; SEIS reads it, removes it from the tree, and
+wraps it into the standard report. $SEIS_DEV_BENCHMARK runs the dev benchmark through SEIS (BenchService).
 
-Unlike the SDK agents it keeps the environment (the tool needs its own API key) and the network; its own
-sandboxing (permission modes, codex's sandbox) applies. Its output is saved, redacted, as transcript.jsonl.
-Tokens and cost are not metered here (0, with a note)."""
+Like every agent-run process it sees only the workspace (reports/ and peers/ read-only), the model and private
+scratch. Its environment is the sandbox allow-list plus exactly the variables named in
+RunConfig.agent_pass_env (its own API key, which it needs; they reach this process tree only, never a dev
+benchmark or an SDK agent's shell). Its network is RunConfig.agent_network: "none" (default: loopback only) or
+"host" (the host's network, an explicit opt-in). The whole tree is killed at the wall-clock limit and when the
+command returns. Its output is saved, redacted, as transcript.jsonl. Tokens and cost are not metered here.
+"""
 from __future__ import annotations
 
 import os
 import re
 import shlex
-import subprocess
+import stat
+import tempfile
 import time
 from pathlib import Path
 
 from ...workspace import Workspace
 from ..types import AgentResult, SessionContext
-from .agent import TRANSCRIPT, session_dir_of, tree_changed
-from .devbench import SubprocessDevBenchmark
+from .agent import TRANSCRIPT, finish_workspace, session_dir_of, tree_changed
+from .confine import SEIS_FILES, WORKSPACE, AgentSandbox, Confined, run_confined
+from .devbench import BenchService, SubprocessDevBenchmark
+from .netproxy import START_FORWARDER, ApiProxy, proxy_env
 from .prompt import load_template, render_prompt
 from .redact import Redactor
 from .result import SessionEnd, build_result
 from .settings import LLMSettings
-from .shell import communicate_or_kill, truncate
+from .shell import truncate
 from .transcript import Transcript
 
 REPORT_FILE = "SESSION_REPORT.md"
 PROMPT_FILE = "prompt.md"
 DEFAULT_WALL_S = 3600.0
+MAX_CLI_OUTPUT_BYTES = 2 * 2**20      # stdout and stderr each, as kept in the transcript
+MAX_REPORT_BYTES = 1 * 2**20
+# Sourced before the command: the pass-through variables (the cli agent's own key) come from a file shown only
+# in this sandbox, so they never sit on a command line (where `ps` would show them).
+_WRAPPER = (START_FORWARDER + 'if [ -f /seis/env.sh ]; then set -a; . /seis/env.sh; set +a; fi; '
+            'exec bash -c "$1"')
+# Where a provider's CLI goes when no base URL is configured (agent_network="api" allows exactly these).
+OFFICIAL_ENDPOINTS = {"ANTHROPIC": "api.anthropic.com:443", "OPENAI": "api.openai.com:443"}
+
+
+def api_endpoints(settings: LLMSettings, environ=None) -> list[str]:
+    """The endpoints a cli agent may reach under agent_network="api": agent_api_endpoints when given, else the
+    agent_base_url, else the *_BASE_URL variables it is handed, else the official API of each provider whose
+    key it is handed."""
+    from .netproxy import endpoint
+    env = os.environ if environ is None else environ
+    if settings.api_endpoints:
+        return sorted({endpoint(e) for e in settings.api_endpoints})
+    if settings.base_url:
+        return [endpoint(settings.base_url)]
+    urls = [env[k] for k in settings.pass_env if k.endswith("_BASE_URL") and env.get(k)]
+    if urls:
+        return sorted({endpoint(u) for u in urls})
+    return sorted({v for k, v in OFFICIAL_ENDPOINTS.items() if any(n.startswith(k) for n in settings.pass_env)})
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CHANGES = re.compile(r"^\s*CHANGES:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -48,43 +80,87 @@ def parse_changes(report: str) -> tuple[tuple[str, ...], str]:
 class CliAgent:
     name = "cli"
 
-    def __init__(self, settings: LLMSettings, dev_benchmark: SubprocessDevBenchmark | None = None):
+    def __init__(self, settings: LLMSettings, dev_benchmark: SubprocessDevBenchmark | None = None, *,
+                 sandbox: AgentSandbox | None = None):
         if not settings.command:
             raise ValueError("agent 'cli' needs a command (agent_command)")
         self.settings = settings
         self.dev_benchmark = dev_benchmark
+        self.sandbox = sandbox or AgentSandbox()
 
-    def _env(self, workspace: Workspace, prompt_file: Path) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(SEIS_PROMPT_FILE=str(prompt_file), SEIS_REPORT_FILE=str(workspace.root / REPORT_FILE),
-                   SEIS_WORKSPACE=str(workspace.root))
-        if self.dev_benchmark is not None:
-            bench = self.dev_benchmark.for_parent(workspace.parent_dir)
-            env["SEIS_DEV_BENCHMARK"] = shlex.join(bench.argv(workspace.root))
+    def _env(self, bench: BenchService | None, proxy: ApiProxy | None) -> dict[str, str]:
+        env = {"SEIS_PROMPT_FILE": f"{SEIS_FILES}/prompt.md", "SEIS_REPORT_FILE": f"{WORKSPACE}/{REPORT_FILE}",
+               "SEIS_WORKSPACE": WORKSPACE}
+        if bench is not None:
+            env["SEIS_DEV_BENCHMARK"] = bench.command
+        if proxy is not None:
+            env.update(proxy_env())
         return env
+
+    def _pass_env(self) -> dict[str, str]:
+        return {k: os.environ[k] for k in self.settings.pass_env if ENV_NAME.match(k) and os.environ.get(k)}
 
     def edit(self, workspace: Workspace, context: SessionContext) -> AgentResult:
         s, t0 = self.settings, time.monotonic()
-        redactor = Redactor()
+        passed = self._pass_env()
+        redactor = Redactor(secrets=passed.values())
         session_dir = session_dir_of(workspace, context)
         transcript = Transcript(session_dir / TRANSCRIPT, redactor)
         timeout = min((w for w in (s.wall_s, context.budget.max_wall_s) if w), default=DEFAULT_WALL_S)
         prompt = render_prompt(load_template(s.prompt_template), workspace, context, mode="cli", wall_s=timeout,
                                report_file=REPORT_FILE)
         prompt_file = session_dir / PROMPT_FILE
-        prompt_file.write_text(prompt.system + "\n\n" + prompt.user, encoding="utf-8")
+        prompt_text = prompt.system + "\n\n" + prompt.user
+        prompt_file.write_text(prompt_text, encoding="utf-8")
         report_path = workspace.root / REPORT_FILE
-        report_path.unlink(missing_ok=True)
+        _remove(report_path)
+        network = s.network
+        allowed = api_endpoints(s) if network == "api" else []
         transcript.log("session", agent=self.name, model=s.model, command=s.command, prompt_version=prompt.version,
-                       chain=context.chain, session=context.session, timeout_s=timeout)
+                       chain=context.chain, session=context.session, timeout_s=timeout, network=network,
+                       api_endpoints=allowed, passed_env=sorted(passed))
         transcript.log("prompt", system=prompt.system, user=prompt.user)
-        rc, out, err, reason = self._run(workspace, prompt.system + "\n\n" + prompt.user,
-                                         self._env(workspace, prompt_file), timeout)
-        transcript.log("process", returncode=rc, stdout=out, stderr=err)
-        report = ""
-        if report_path.is_file():  # read, then out of the engine tree before anyone hashes or diffs it
-            report = report_path.read_text(encoding="utf-8", errors="replace")
-            report_path.unlink()
+        private = Path(tempfile.mkdtemp(prefix="seis-cli-"))
+        os.chmod(private, 0o700)
+        bench = proxy = None
+        try:
+            files = {"prompt.md": _copy_private(prompt_file, private / "prompt.md")}
+            if network == "api":
+                proxy = ApiProxy(allowed)
+                files.update({k: Path(v) for k, v in proxy.files().items()})
+            if passed:
+                envfile = private / "env.sh"
+                envfile.write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in passed.items()))
+                os.chmod(envfile, 0o644)  # readable by the sandbox's user; the 0700 directory keeps others out
+                files["env.sh"] = envfile
+            if self.dev_benchmark is not None:
+                b = self.dev_benchmark.for_parent(workspace.parent_dir)
+                if hasattr(b, "until"):
+                    b = b.until(t0 + timeout)
+                bench = BenchService(b, workspace.root, redactor.text)
+                files.update(bench.files())
+            policy = self.sandbox.policy(workspace.root, files=files, env=self._env(bench, proxy),
+                                         network="host" if network == "host" else "none")
+            done = run_confined(["bash", "-c", _WRAPPER, "seis-cli", s.command], policy, timeout,
+                                stdin=prompt_text.encode("utf-8"), max_output_bytes=MAX_CLI_OUTPUT_BYTES,
+                                merge_stderr=False)
+        except Exception as e:  # noqa: BLE001 - e.g. a socket could not be made: the session fails, the run goes on
+            done = Confined(None, b"", b"", False, error=f"the cli agent could not start: {type(e).__name__}: {e}")
+        finally:
+            if bench is not None:
+                bench.close()
+            if proxy is not None:
+                proxy.close()
+            import shutil
+            shutil.rmtree(private, ignore_errors=True)
+        rc, out, err = done.returncode, done.text("stdout"), done.text("stderr")
+        reason = done.error or (f"command killed at the wall-clock limit ({timeout:g} s)" if done.timed_out
+                                else None)
+        transcript.log("process", returncode=rc, stdout=out, stderr=err, timed_out=done.timed_out,
+                       output_cut_bytes=done.cut, wall_s=round(done.wall_s, 3),
+                       dev_benchmark_runs=bench.runs if bench else 0,
+                       **({"network_passed": proxy.passed, "network_refused": proxy.refused} if proxy else {}))
+        report = redactor.text(_read_report(report_path))
         changes, report = parse_changes(report)
         finished = rc == 0 and reason is None
         if reason is None and rc != 0:
@@ -93,26 +169,50 @@ class CliAgent:
             tail = truncate(err.strip() or out.strip(), 2000)
             report = f"No {REPORT_FILE} was written." + (f" Output tail:\n\n```\n{tail}\n```" if tail else "")
         end = SessionEnd(finished, reason or "finish", report, changes)
+        rejected = finish_workspace(workspace, redactor)
         changed = tree_changed(workspace)
-        transcript.log("end", finished=finished, reason=end.reason, changed=changed,
+        transcript.log("end", finished=finished, reason=end.reason, changed=changed, rejected=rejected,
                        wall_s=round(time.monotonic() - t0, 3))
-        notes = (f"cli `{_short(s.command)}` prompt={prompt.version} rc={rc} end={end.reason}; "
-                 "tokens/cost not metered for cli agents")
+        notes = (f"cli `{_short(s.command)}` prompt={prompt.version} rc={rc} end={end.reason} network={network}"
+                 + (f"; {rejected}" if rejected else "") + "; tokens/cost not metered for cli agents")
         return build_result(self.name, context, changed, end, redactor, model=s.model, notes=notes,
-                            wall_s=time.monotonic() - t0)
+                            wall_s=time.monotonic() - t0, rejected=rejected)
 
-    def _run(self, workspace: Workspace, prompt: str, env: dict[str, str],
-             timeout: float) -> tuple[int | None, str, str, str | None]:
-        try:
-            proc = subprocess.Popen(["bash", "-c", self.settings.command], cwd=workspace.root, env=env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)  # its own process group: killable as a whole
-        except OSError as e:
-            return None, "", "", f"command could not start: {e.strerror or e}"
-        out, err, timed_out = communicate_or_kill(proc, prompt.encode("utf-8"), timeout)
-        reason = f"command killed at the wall-clock limit ({timeout:.0f} s)" if timed_out else None
-        dec = lambda b: (b or b"").decode("utf-8", errors="replace")  # noqa: E731
-        return proc.returncode if reason is None else None, dec(out), dec(err), reason
+
+def _remove(path: Path) -> None:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            import shutil
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _read_report(path: Path) -> str:
+    """The report file, read without following a link (it could point at any host file) and capped; then
+    removed from the engine tree before anyone hashes or diffs it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return ""
+    text = ""
+    if stat.S_ISREG(st.st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_REPORT_BYTES + 1)
+        text = data[:MAX_REPORT_BYTES].decode("utf-8", errors="replace")
+        if len(data) > MAX_REPORT_BYTES:
+            text += f"\n\n[report cut at {MAX_REPORT_BYTES // 2**20} MiB]"
+    _remove(path)
+    return text
+
+
+def _copy_private(src: Path, dest: Path) -> Path:
+    dest.write_bytes(src.read_bytes())
+    os.chmod(dest, 0o644)
+    return dest
 
 
 def _short(command: str | None, n: int = 60) -> str:

@@ -17,19 +17,42 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """Tokens of one reply, by how the provider bills them."""
+
+    input: int                  # input tokens at the full price (cached ones excluded)
+    output: int
+    cache_read: int = 0         # Anthropic cache reads / OpenAI cached prompt tokens
+    cache_write: int = 0        # Anthropic 5-minute cache writes
+    cache_write_1h: int = 0     # Anthropic 1-hour cache writes
+
+    @property
+    def tokens_in(self) -> int:
+        """Every input token the model processed (what a token budget counts)."""
+        return self.input + self.cache_read + self.cache_write + self.cache_write_1h
+
+
+@dataclass(frozen=True)
 class Turn:
     text: str
     calls: tuple[ToolCall, ...]
-    tokens_in: int
-    tokens_out: int
+    usage: Usage | None         # None: the reply carried no usage (unknown, never counted as 0)
     stop_reason: str | None
     raw: dict = field(default_factory=dict)  # the response as JSON, for the transcript
+
+    @property
+    def tokens_in(self) -> int | None:
+        return None if self.usage is None else self.usage.tokens_in
+
+    @property
+    def tokens_out(self) -> int | None:
+        return None if self.usage is None else self.usage.output
 
 
 class Conversation(Protocol):
     model: str
 
-    def ask(self, max_output_tokens: int) -> Turn: ...
+    def ask(self, max_output_tokens: int, timeout_s: float | None = None) -> Turn: ...
 
     def answer(self, results: list[tuple[ToolCall, ToolOutcome]], note: str | None = None) -> None: ...
 

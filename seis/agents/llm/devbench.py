@@ -2,16 +2,66 @@
 (`render_dev_benchmark`): no correctness checks, thresholds or held-out data reach the agent.
 
     python -m seis.agents.llm.devbench --candidate WS --model tiny-qwen3 [--parent DIR] [--sizes quick]
+
+The child is SEIS's own code (it builds the candidate only inside the engine sandbox), started with an
+environment built from an allow-list: no API key reaches it, nor anything it starts. Its whole process tree is
+killed at the time limit (its own process group; the engine sandboxes die with it).
+
+For the `cli` agent, which runs inside a sandbox without the project, `BenchService` offers the same
+benchmark through a unix socket shown in its sandbox; `$SEIS_DEV_BENCHMARK` is the client command.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .secrets import SECRET_NAME, secret_values
+
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
+MAX_TABLE_BYTES = 64_000
+# SEIS's own settings the evaluator reads (where models and data live), on top of the sandbox allow-list.
+HARNESS_ENV = ("HOME", "PYTHONPATH", "SEIS_CACHE", "SEIS_GSM8K_DIR", "SEIS_PREPARED_DIR", "VIRTUAL_ENV",
+               "PYENV_ROOT", "PYENV_VERSION", "TMPDIR")
+
+
+def harness_env(environ=None) -> dict[str, str]:
+    """The environment of a SEIS child that handles agent-written code: the sandbox allow-list plus where SEIS
+    finds its models and data; never a variable with a key-like name or a value that is a secret."""
+    from ...sandbox import allowed_env
+    env = os.environ if environ is None else environ
+    out = {**allowed_env(env), "PATH": env.get("PATH", "/usr/local/bin:/usr/bin:/bin")}
+    out.update({k: env[k] for k in HARNESS_ENV if k in env})
+    secrets = set(secret_values(env))
+    return {k: v for k, v in out.items() if not SECRET_NAME.search(k) and v not in secrets}
+
+
+def run_tree(argv: list[str], timeout_s: float, cwd: Path | None = None, env: dict | None = None,
+             max_bytes: int = MAX_TABLE_BYTES) -> tuple[int | None, str]:
+    """(exit code or None at the time limit, stdout capped) of argv; its process group is killed either way."""
+    from .confine import _Capped
+    proc = subprocess.Popen(argv, cwd=cwd, env=harness_env() if env is None else env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    reader = _Capped(proc.stdout, max_bytes)
+    try:
+        rc: int | None = proc.wait(timeout=max(0.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        rc = None
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group, and the child at the limit
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    reader.thread.join(timeout=5.0)
+    return rc, reader.result()[0].decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
@@ -24,6 +74,7 @@ class SubprocessDevBenchmark:
     sizes: str = "quick"          # smoke | quick | full, like RunConfig.gate
     seed: int = 0
     timeout_s: float = 1800.0
+    deadline: float | None = None  # time.monotonic() past which no benchmark may run (the session's end)
 
     def for_parent(self, parent: Path) -> "SubprocessDevBenchmark":
         """The same benchmark with the session's parent tree as the 'parent' row (unless one was set)."""
@@ -34,14 +85,90 @@ class SubprocessDevBenchmark:
                 self.model, "--device", self.device, "--sizes", self.sizes, "--seed", str(self.seed)]
         return argv + (["--parent", str(self.parent)] if self.parent else [])
 
-    def __call__(self, candidate: Path) -> str:
-        try:
-            out = subprocess.run(self.argv(candidate), cwd=PROJECT_ROOT, capture_output=True, text=True,
-                                 timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            return f"dev benchmark: no result within {self.timeout_s:.0f} s"
+    def until(self, deadline: float | None) -> "SubprocessDevBenchmark":
+        return replace(self, deadline=deadline)
+
+    def __call__(self, candidate: Path, timeout_s: float | None = None) -> str:
+        limit = self.timeout_s if timeout_s is None else min(self.timeout_s, timeout_s)
+        if self.deadline is not None:
+            limit = min(limit, self.deadline - time.monotonic())
+        if limit <= 1:
+            return "dev benchmark: not run, the session's time is spent"
+        rc, out = run_tree(self.argv(candidate), limit, cwd=PROJECT_ROOT)
+        if rc is None:
+            return f"dev benchmark: no result within {limit:.0f} s (killed)"
         # stdout only: the table, or one line saying why there is none (stderr may hold evaluator internals).
-        return out.stdout.strip() or f"dev benchmark failed (exit code {out.returncode}) without a message"
+        return out.strip() or f"dev benchmark failed (exit code {rc}) without a message"
+
+
+CLIENT = """import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("/seis/bench.sock")
+s.sendall(b"run\\n")
+data = b""
+while chunk := s.recv(65536):
+    data += chunk
+text = data.decode("utf-8", "replace")
+print(text)
+sys.exit(0 if text.startswith("Dev benchmark") else 1)
+"""
+
+
+class BenchService:
+    """The dev benchmark for a sandboxed process: a unix socket (in a private host directory, shown in the
+    sandbox as /seis/bench.sock) that runs `bench` on the workspace, one request at a time, and answers with
+    the table text. `files()` are the binds to add; `command` is what $SEIS_DEV_BENCHMARK says."""
+
+    def __init__(self, bench, workspace: Path, redact=lambda s: s):
+        self.bench, self.workspace, self.redact = bench, Path(workspace), redact
+        self.dir = Path(tempfile.mkdtemp(prefix="seis-bench-"))
+        os.chmod(self.dir, 0o700)
+        self.sock_path = self.dir / "bench.sock"
+        self.client_path = self.dir / "client.py"
+        self.client_path.write_text(CLIENT)
+        os.chmod(self.client_path, 0o644)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.sock_path))
+        os.chmod(self.sock_path, 0o666)  # the sandbox's own user connects; the directory keeps others out
+        self.sock.listen(4)
+        self.sock.settimeout(0.5)
+        self.runs = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    command = "python3 /seis/bench_client.py"
+
+    def files(self) -> dict[str, Path]:
+        return {"bench.sock": self.sock_path, "bench_client.py": self.client_path}
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(10)
+                    conn.recv(16)
+                    self.runs += 1
+                    text = self.redact(str(self.bench(self.workspace)))
+                    conn.sendall(text.encode("utf-8", "replace")[:MAX_TABLE_BYTES])
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self._thread.join(timeout=10)
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _gate_config(args: argparse.Namespace):

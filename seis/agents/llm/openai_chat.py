@@ -3,9 +3,18 @@ SDK: chat completions with function calling. The client reads OPENAI_API_KEY and
 settings.base_url overrides the URL. Retries with backoff are the SDK's own (max_retries)."""
 from __future__ import annotations
 
-from .conversation import ToolCall, Turn
+from .conversation import ToolCall, Turn, Usage
 from .settings import LLMSettings
 from .tools import TOOL_SPECS, ToolOutcome, parse_arguments
+
+
+def openai_usage(u) -> Usage | None:
+    """prompt_tokens includes prompt_tokens_details.cached_tokens (billed at the cached price)."""
+    if u is None or getattr(u, "prompt_tokens", None) is None or getattr(u, "completion_tokens", None) is None:
+        return None
+    details = getattr(u, "prompt_tokens_details", None)
+    cached = min((getattr(details, "cached_tokens", None) or 0) if details is not None else 0, u.prompt_tokens)
+    return Usage(u.prompt_tokens - cached, u.completion_tokens, cached)
 
 
 class OpenAIConversation:
@@ -19,9 +28,10 @@ class OpenAIConversation:
         self.tools = [t.openai() for t in TOOL_SPECS]
         self.messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
-    def ask(self, max_output_tokens: int) -> Turn:
+    def ask(self, max_output_tokens: int, timeout_s: float | None = None) -> Turn:
+        extra = {} if timeout_s is None else {"timeout": timeout_s}  # per attempt; the agent bounds the total
         resp = self.client.chat.completions.create(model=self.model, messages=self.messages, tools=self.tools,
-                                                   max_completion_tokens=max_output_tokens)
+                                                   max_completion_tokens=max_output_tokens, **extra)
         choice = resp.choices[0]
         msg = choice.message
         calls, wire_calls = [], []
@@ -39,10 +49,8 @@ class OpenAIConversation:
         if wire_calls:
             assistant["tool_calls"] = wire_calls
         self.messages.append(assistant)
-        usage = resp.usage
-        return Turn(msg.content or "", tuple(calls), usage.prompt_tokens if usage else 0,
-                    usage.completion_tokens if usage else 0, choice.finish_reason,
-                    resp.model_dump(mode="json", exclude_none=True))
+        return Turn(msg.content or "", tuple(calls), openai_usage(getattr(resp, "usage", None)),
+                    choice.finish_reason, resp.model_dump(mode="json", exclude_none=True))
 
     def answer(self, results: list[tuple[ToolCall, ToolOutcome]], note: str | None = None) -> None:
         for call, out in results:

@@ -38,14 +38,20 @@ def _demote(markdown: str) -> str:
 
 def build_result(agent: str, context: SessionContext, changed: bool, end: SessionEnd, redactor: Redactor, *,
                  model: str | None, tokens_in: int = 0, tokens_out: int = 0, cost_usd: float = 0.0,
-                 wall_s: float = 0.0, notes: str = "") -> AgentResult:
-    status = status_for(changed, end)
-    applied = (end.changes or (DEFAULT_CHANGE,)) if changed else ()
+                 wall_s: float = 0.0, notes: str = "", rejected: str | None = None) -> AgentResult:
+    """rejected: why the workspace cannot be gated (status "failed", nothing applied), or None."""
+    status = "failed" if rejected else status_for(changed, end)
+    end = SessionEnd(end.finished, redactor.text(end.reason), end.report,
+                     tuple(c for c in (redactor.text(x) for x in end.changes) if "[REDACTED]" not in c),
+                     end.lessons)
+    applied = (end.changes or (DEFAULT_CHANGE,)) if changed and not rejected else ()
     block = SessionBlock(context.chain, context.session, agent, tuple(applied))
     summary = _demote(end.report) if end.report.strip() else "_The agent wrote no report._"
     if not end.finished:
         summary = f"**Session stopped before the agent finished: {end.reason}.**\n\n{summary}"
-    changes = list(applied) if changed else []
+    if rejected:
+        summary = f"**SEIS rejected this session: {rejected}.**\n\n{summary}"
+    changes = list(applied)
     lessons = list(end.lessons)
     if end.changes and not changed:
         lessons.append("The agent named changes (" + ", ".join(end.changes) + ") but the engine tree is unchanged.")

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Literal
 
 Backend = Literal["anthropic", "openai", "cli"]
+Network = Literal["none", "api", "host"]
+NETWORKS = ("none", "api", "host")
 
-# Current, non-deprecated models of the installed SDKs. claude-sonnet-4-6 is not in the pricing table (its price
-# was not known when the table was written): give it with agent_prices to meter its cost.
+# Current, non-deprecated models of the installed SDKs; both are in the pricing table (pricing.py).
 DEFAULT_MODELS: dict[str, str] = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-5"}
 # The SDKs read these themselves; we only check them up front so a run fails before any work, naming the var.
 KEY_ENV: dict[str, tuple[str, ...]] = {"anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
@@ -30,10 +31,13 @@ class LLMSettings:
     max_retries: int = 4                     # the SDKs' own retry-with-backoff on 429 / 5xx / connection errors
     request_timeout_s: float = 600.0
     prompt_template: str = "session_v1"      # a bundled template name or a file path
-    prices: dict[str, tuple[float, float]] = field(default_factory=dict)  # model prefix -> ($/Mtok in, out)
+    prices: dict[str, tuple[float, ...]] = field(default_factory=dict)  # model prefix -> ($/Mtok in, out, ...)
     command: str | None = None               # cli: a bash command line run in the workspace
     wall_s: float | None = None              # whole-session wall-clock limit (cli: the command's timeout)
     shell_timeout_s: float = 300.0           # run_shell default (the model may ask for less, or up to 2x)
+    network: Network = "none"                # cli: none | api (its API endpoints only, via a proxy) | host
+    pass_env: tuple[str, ...] = ()           # cli: env var names handed to the cli process (its own API key)
+    api_endpoints: tuple[str, ...] = ()      # cli, network "api": host:port (or URLs) it may reach
 
     @property
     def resolved_model(self) -> str:
@@ -45,7 +49,10 @@ def settings_from_config(config) -> LLMSettings:
     return LLMSettings(backend=config.agent, model=config.agent_model, base_url=config.agent_base_url,
                        max_turns=config.max_turns, max_retries=config.agent_max_retries,
                        prompt_template=config.prompt_template, prices=dict(config.agent_prices),
-                       command=config.agent_command, wall_s=config.agent_wall_s)
+                       command=config.agent_command, wall_s=config.agent_wall_s,
+                       network=getattr(config, "agent_network", "none"),
+                       pass_env=tuple(getattr(config, "agent_pass_env", ()) or ()),
+                       api_endpoints=tuple(getattr(config, "agent_api_endpoints", ()) or ()))
 
 
 def check_ready(settings: LLMSettings, environ: dict[str, str] | None = None,
@@ -53,6 +60,24 @@ def check_ready(settings: LLMSettings, environ: dict[str, str] | None = None,
     """Raise ValueError saying what to fix: a missing API key (by env var), a missing or unknown cli command,
     an unreadable prompt template. Touches nothing but the environment and the file system."""
     env = os.environ if environ is None else environ
+    if settings.network not in NETWORKS:
+        raise ValueError(f"agent_network must be one of {', '.join(NETWORKS)}, not {settings.network!r}")
+    if settings.backend != "cli" and (settings.network != "none" or settings.pass_env or settings.api_endpoints):
+        raise ValueError("agent_network, agent_pass_env and agent_api_endpoints apply to the cli agent only: an "
+                         "SDK agent's key stays in SEIS and its tools never have a network")
+    bad = [n for n in settings.pass_env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", n)]
+    if bad:
+        raise ValueError(f"agent_pass_env holds names that are not environment variable names: {bad}")
+    if settings.backend == "cli" and settings.network == "api":
+        from .cli_agent import api_endpoints
+        if not api_endpoints(settings, env):
+            raise ValueError("agent_network='api' needs the endpoint(s) to allow: set agent_api_endpoints "
+                             "(host:port), agent_base_url, or pass the tool's key / *_BASE_URL in agent_pass_env")
+    from ...sandbox import SandboxUnavailable, bwrap_version
+    try:
+        bwrap_version()  # every agent-run process lives in the sandbox: no sandbox, no LLM session
+    except SandboxUnavailable as e:
+        raise ValueError(f"LLM agents run their commands only inside the SEIS sandbox, which is unavailable: {e}")
     if settings.backend in KEY_ENV:
         names = KEY_ENV[settings.backend]
         if not any(env.get(n) for n in names):

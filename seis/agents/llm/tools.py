@@ -1,23 +1,32 @@
 """One provider-neutral tool layer for SDK agents: specs (JSON schemas, rendered per API) and a Toolbox that
-executes calls inside the workspace. A wrong call is a ToolOutcome with is_error=True, never an exception."""
+executes calls inside the workspace. A wrong call is a ToolOutcome with is_error=True, never an exception.
+
+Arguments are checked against the declared schema before anything runs (a string where a list is declared is
+an error for the model, not a list of characters). The file tools run in SEIS's own process, on paths confined
+to the workspace; no agent process is alive between calls (every shell call's sandbox is killed when the call
+returns), so nothing can swap a path under them. They read files streamed and capped, and say so."""
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
-import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES
+from .confine import AgentSandbox
 from .paths import ToolError, confine, rel
-from .shell import NO_SANDBOX, Sandbox, run_shell, truncate
+from .shell import run_shell, truncate
 
 DevBenchmark = Callable[[Path], str]  # workspace root -> the rendered dev table (render_dev_benchmark text)
-MAX_READ_CHARS = 60_000
+MAX_READ_CHARS = 60_000               # what one read_file returns
+MAX_READ_BYTES = 8 * 2**20            # what one read_file reads of a file (streamed)
+MAX_EDIT_BYTES = 4 * 2**20            # files edit_file rewrites
+MAX_SEARCH_FILE_BYTES = 2 * 2**20     # what search reads of one file
+MAX_SEARCH_BYTES = 64 * 2**20         # what one search reads in all
 MAX_LIST = 500
 MAX_MATCHES = 200
 
@@ -69,6 +78,51 @@ TOOL_SPECS: tuple[ToolSpec, ...] = (
 )
 
 
+def check_arguments(spec: ToolSpec, args: Any) -> str | None:
+    """Why args do not match spec's JSON schema (the subset the specs use), or None."""
+    schema = spec.parameters
+    if not isinstance(args, dict):
+        return "arguments must be a JSON object"
+    props = schema.get("properties", {})
+    missing = [k for k in schema.get("required", ()) if k not in args]
+    if missing:
+        return f"missing required argument(s): {', '.join(missing)}"
+    extra = [k for k in args if k not in props]
+    if extra and schema.get("additionalProperties") is False:
+        return f"unknown argument(s): {', '.join(map(str, extra))} (expected: {', '.join(props) or 'none'})"
+    for key, value in args.items():
+        why = _type_error(props.get(key, {}), value)
+        if why:
+            return f"argument {key!r} {why}"
+    return None
+
+
+def _type_error(schema: dict, value: Any) -> str | None:
+    kind = schema.get("type")
+    if kind is None:
+        return None
+    ok = {"string": lambda v: isinstance(v, str),
+          "integer": lambda v: isinstance(v, int) and not isinstance(v, bool)
+          or isinstance(v, float) and v.is_integer(),
+          "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "boolean": lambda v: isinstance(v, bool),
+          "array": lambda v: isinstance(v, list),
+          "object": lambda v: isinstance(v, dict)}[kind]
+    if not ok(value):
+        return f"must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not {_json_type(value)}"
+    if kind == "array" and "items" in schema:
+        for i, item in enumerate(value):
+            why = _type_error(schema["items"], item)
+            if why:
+                return f"item {i} {why}"
+    return None
+
+
+def _json_type(v: Any) -> str:
+    return {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "an array",
+            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+
+
 @dataclass(frozen=True)
 class FinishRequest:
     report: str
@@ -83,25 +137,34 @@ class ToolOutcome:
     finish: FinishRequest | None = None
 
 
+_SPECS = {s.name: s for s in TOOL_SPECS}
+
+
 @dataclass
 class Toolbox:
     root: Path
     dev_benchmark: DevBenchmark | None = None
-    sandbox: Sandbox = NO_SANDBOX
-    hidden: tuple[Path, ...] = ()
+    sandbox: AgentSandbox | None = None      # None: run_shell is unavailable (there is no unconfined shell)
     shell_timeout_s: float = 300.0
+    deadline: float | None = None            # time.monotonic() of the session's end: no call runs past it
+    redact: Callable[[str], str] = lambda s: s
     calls: dict[str, int] = field(default_factory=dict)
-    _home: Path | None = None
 
     specs = TOOL_SPECS
 
     def call(self, name: str, args: Any) -> ToolOutcome:
+        out = self._call(name, args)
+        text = self.redact(out.text)  # a tool result goes to the model: no key in it, in any form
+        return out if text == out.text else ToolOutcome(text, out.is_error, out.finish)
+
+    def _call(self, name: str, args: Any) -> ToolOutcome:
         self.calls[name] = self.calls.get(name, 0) + 1
-        method = getattr(self, f"_t_{name}", None) if name in {s.name for s in TOOL_SPECS} else None
+        method = getattr(self, f"_t_{name}", None) if name in _SPECS else None
         if method is None:
             return ToolOutcome(f"unknown tool {name!r}; tools: {', '.join(s.name for s in TOOL_SPECS)}", True)
-        if not isinstance(args, dict):
-            return ToolOutcome(f"{name}: arguments must be a JSON object", True)
+        why = check_arguments(_SPECS[name], args)
+        if why is not None:
+            return ToolOutcome(f"{name}: {why}", True)
         try:
             out = method(**args)
         except ToolError as e:
@@ -115,9 +178,10 @@ class Toolbox:
         return out if isinstance(out, ToolOutcome) else ToolOutcome(out)
 
     def close(self) -> None:
-        if self._home is not None:
-            shutil.rmtree(self._home, ignore_errors=True)
-            self._home = None
+        pass  # every shell call's sandbox (and its scratch) is gone when the call returns
+
+    def _left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     # --- the tools ---------------------------------------------------------------------------------------
 
@@ -138,15 +202,41 @@ class Toolbox:
     def _t_read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> str:
         target = confine(self.root, path)
         if not target.is_file():
-            raise ToolError(f"{path!r} is not a file")
-        lines = target.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+            raise ToolError(f"{path!r} is not a regular file")
         a = max(1, int(start_line or 1))
-        b = min(len(lines), int(end_line or len(lines)))
-        text = "".join(lines[a - 1:b])
-        head = f"[{rel(self.root, target)}: lines {a}-{b} of {len(lines)}]\n"
-        if len(text) > MAX_READ_CHARS:
-            text = text[:MAX_READ_CHARS] + "\n[... cut: read a smaller line range]"
-        return head + text
+        b = None if end_line is None else int(end_line)
+        if b is not None and b < a:
+            raise ToolError(f"end_line {b} is before start_line {a}")
+        size = target.stat().st_size
+        kept: list[str] = []
+        chars = read = n = 0
+        cut = None
+        with open(target, "rb") as f:
+            while True:
+                if read >= MAX_READ_BYTES:
+                    cut = f"stopped reading after {MAX_READ_BYTES // 2**20} MiB of a {size}-byte file"
+                    break
+                line = f.readline(min(1 << 20, MAX_READ_BYTES - read))
+                if not line:
+                    break
+                read += len(line)
+                n += 1  # a line longer than 1 MiB counts as several
+                if n < a:
+                    continue
+                if b is not None and n > b:
+                    break
+                text = line.decode("utf-8", errors="replace")
+                if chars + len(text) > MAX_READ_CHARS:
+                    kept.append(text[:MAX_READ_CHARS - chars])
+                    cut = f"output cut at {MAX_READ_CHARS} characters: read a smaller line range"
+                    break
+                kept.append(text)
+                chars += len(text)
+        last = n if b is None or n < b else b
+        whole = read >= size and cut is None
+        of = f"of {n}" if whole and b is None else f"of a {size}-byte file"
+        head = f"[{rel(self.root, target)}: lines {a}-{max(last, a - 1)} {of}]\n"
+        return head + "".join(kept) + (f"\n[... {cut}]" if cut else "")
 
     def _t_search(self, pattern: str, path: str = ".", glob: str | None = None) -> str:
         try:
@@ -158,25 +248,40 @@ class Toolbox:
                                                      and not set(p.relative_to(base).parts) & IGNORED_DIRS
                                                      and not p.name.endswith(IGNORED_SUFFIXES))
         hits: list[str] = []
+        notes: list[str] = []
+        budget = MAX_SEARCH_BYTES
         for f in files:
             real = f.resolve()
-            if real_root not in real.parents:
-                continue  # a link leading out of the workspace: not searched
+            if real_root not in real.parents or not real.is_file():
+                continue  # a link leading out of the workspace, a FIFO...: not searched
+            if budget <= 0:
+                notes.append(f"search stopped after reading {MAX_SEARCH_BYTES // 2**20} MiB; narrow path or glob")
+                break
             try:
-                text = real.read_text(encoding="utf-8")
-            except (UnicodeDecodeError, OSError):
-                continue  # binary or unreadable
+                with open(real, "rb") as fh:
+                    data = fh.read(min(MAX_SEARCH_FILE_BYTES, budget) + 1)
+            except OSError:
+                continue  # unreadable
+            budget -= len(data)
+            if b"\0" in data[:8192]:
+                continue  # binary
+            if len(data) > MAX_SEARCH_FILE_BYTES:
+                data = data[:MAX_SEARCH_FILE_BYTES]
+                notes.append(f"{rel(self.root, f)}: only its first {MAX_SEARCH_FILE_BYTES // 2**20} MiB searched")
+            text = data.decode("utf-8", errors="replace")
             for i, line in enumerate(text.splitlines(), 1):
                 if rx.search(line):
                     hits.append(f"{rel(self.root, f)}:{i}: {line[:300]}")
                     if len(hits) >= MAX_MATCHES:
-                        return "\n".join(hits) + f"\n[... cut at {MAX_MATCHES} matches]"
-        return "\n".join(hits) or "no matches"
+                        return "\n".join(hits + notes) + f"\n[... cut at {MAX_MATCHES} matches]"
+        return "\n".join(hits + [f"[{n}]" for n in notes]) or "no matches"
 
     def _t_edit_file(self, path: str, old_string: str, new_string: str) -> str:
         target = confine(self.root, path, write=True)
         if not target.is_file():
             raise ToolError(f"{path!r} is not a file (write_file creates files)")
+        if target.stat().st_size > MAX_EDIT_BYTES:
+            raise ToolError(f"{path!r} is larger than {MAX_EDIT_BYTES // 2**20} MiB; edit_file edits source files")
         text = target.read_text(encoding="utf-8")
         n = text.count(old_string) if old_string else 0
         if n != 1:
@@ -194,27 +299,37 @@ class Toolbox:
         return f"wrote {rel(self.root, target)} ({len(content)} characters)"
 
     def _t_run_shell(self, command: str, timeout_s: float | None = None) -> str:
-        if not isinstance(command, str) or not command.strip():
+        if not command.strip():
             raise ToolError("command must be a non-empty string")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ToolError("timeout_s must be > 0 seconds")
+        if self.sandbox is None:
+            raise ToolError("run_shell is not available in this session (no sandbox)")
         limit = min(float(timeout_s or self.shell_timeout_s), 2 * self.shell_timeout_s)
-        if self._home is None:
-            self._home = Path(tempfile.mkdtemp(prefix="seis-agent-home-"))
-        return run_shell(command, self.root, limit, self.sandbox, self._home, self.hidden).render(limit)
+        left = self._left()
+        if left is not None:
+            if left < 1:
+                raise ToolError("the session's time is spent")
+            limit = min(limit, left)
+        return run_shell(command, self.root, limit, self.sandbox).render(limit)
 
     def _t_dev_benchmark(self) -> str:
         if self.dev_benchmark is None:
             raise ToolError("the dev benchmark is not available in this session")
+        left = self._left()
+        if left is not None and left < 1:
+            raise ToolError("the session's time is spent")
         try:
             return truncate(self.dev_benchmark(self.root))
         except Exception as e:  # noqa: BLE001 - whatever broke, the model gets a message, the session goes on
             raise ToolError(f"dev benchmark failed: {type(e).__name__}: {e}") from None
 
     def _t_finish(self, report: str, changes: list[str] | None = None, lessons: list[str] | None = None):
-        if not isinstance(report, str) or not report.strip():
+        if not report.strip():
             raise ToolError("report must be non-empty markdown")
-        names = tuple(_change_name(c) for c in (changes or []) if isinstance(c, str) and _change_name(c))
+        names = tuple(n for n in (_change_name(self.redact(c)) for c in changes or []) if n)
         return ToolOutcome("session finished", finish=FinishRequest(report, tuple(dict.fromkeys(names)),
-                                                                    tuple(str(x) for x in lessons or [])))
+                                                                    tuple(lessons or [])))
 
 
 def _change_name(text: str) -> str:

@@ -1,0 +1,191 @@
+"""API keys and other secrets of the orchestrator, found in any text or tree, in plain or encoded form.
+
+The first line of defence is that no process running agent-written code ever gets a key (allow-listed
+environments, see confine.py). This module is the second: every artifact SEIS writes for an LLM session goes
+through a Redactor, and `find_secrets(tree)` says whether a tree (a workspace, a gated copy about to be
+retained) holds a key, so that it is not kept.
+
+A secret is matched in these forms: as is, reversed, hex, base64 (standard and URL-safe, at any alignment
+inside a longer encoding), rot13, and percent-encoded (which reduces to its hex). Matching ignores case and
+every character that is not a letter or a digit, so a key split over lines, quoted in pieces
+(`"sk-" + "abc..."`) or spaced out is still found. For secrets of 20 characters or more, any 16 consecutive
+letters and digits of the secret (or of its reverse) count too: a partial key is a leak.
+"""
+from __future__ import annotations
+
+import base64
+import bisect
+import codecs
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+SECRET_NAME = re.compile(r"(API_KEY|AUTH_TOKEN|ACCESS_TOKEN|SECRET|PASSWORD|CREDENTIAL|_TOKEN$|_KEY$)",
+                         re.IGNORECASE)
+# Shapes of common provider keys, caught even when the value came from somewhere other than the environment.
+KEY_PATTERNS = (re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}"), re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"),
+                re.compile(r"\b(?:ghp|gho|github_pat|hf)_[A-Za-z0-9_]{16,}"))
+MIN_SECRET_LEN = 8     # shorter values ("1", "true", "none") would match ordinary text
+MIN_NEEDLE = 8         # squashed (letters and digits only) forms shorter than this are not searched loosely
+PARTIAL_FROM = 20      # secrets at least this long (squashed) also match by any PARTIAL_LEN-long piece
+PARTIAL_LEN = 16
+REDACTED = "[REDACTED]"
+_ALNUM = re.compile(r"[a-z0-9]+")
+_NOT_ALNUM_B = re.compile(rb"[^a-z0-9]+")
+MAX_SCAN_BYTES = 256 * 2**20   # find_secrets reads at most this much of one file (larger files are reported)
+
+
+def secret_values(environ: Mapping[str, str] | None = None, extra: Iterable[str] = ()) -> list[str]:
+    """Values of key-like environment variables (*_API_KEY, *_TOKEN, *SECRET*, ...) plus `extra`."""
+    env = os.environ if environ is None else environ
+    values = {v for k, v in env.items() if SECRET_NAME.search(k) and v}
+    values |= {s for s in extra if s}
+    return sorted((v for v in values if len(v) >= MIN_SECRET_LEN), key=len, reverse=True)
+
+
+def _squash(s: str) -> str:
+    return "".join(_ALNUM.findall(s.lower()))
+
+
+def _b64_pieces(raw: bytes) -> list[str]:
+    """The parts of base64 text fully determined by `raw`, whatever bytes precede it (3 alignments)."""
+    out = []
+    for k in range(3):
+        for enc in (base64.b64encode, base64.urlsafe_b64encode):
+            text = enc(b"\0" * k + raw).decode().rstrip("=")
+            start = 4 if k else 0
+            end = (len(k * b"\0" + raw) // 3) * 4  # the last full group
+            out.append(text[start:end])
+    return out
+
+
+def encoded_forms(secret: str) -> dict[str, str]:
+    """form name -> that form of the secret (before squashing)."""
+    raw = secret.encode("utf-8")
+    forms = {"plain": secret, "reversed": secret[::-1], "hex": raw.hex(), "reversed hex": raw[::-1].hex(),
+             "rot13": codecs.encode(secret, "rot13")}
+    for i, piece in enumerate(_b64_pieces(raw)):
+        forms[f"base64/{i}"] = piece
+    for i, piece in enumerate(_b64_pieces(raw[::-1])):
+        forms[f"reversed base64/{i}"] = piece
+    return forms
+
+
+class SecretSet:
+    """The squashed needles of a set of secrets (each needle knows which secret and form it stands for)."""
+
+    def __init__(self, secrets: Iterable[str]):
+        self.count = 0
+        self.needles: dict[str, str] = {}   # squashed needle -> "secret #i (form)"
+        for i, secret in enumerate(dict.fromkeys(s for s in secrets if s and len(s) >= MIN_SECRET_LEN)):
+            self.count += 1
+            for form, text in encoded_forms(secret).items():
+                sq = _squash(text)
+                if len(sq) >= MIN_NEEDLE:
+                    self.needles.setdefault(sq, f"secret #{i + 1} ({form})")
+            for form in ("plain", "reversed"):
+                sq = _squash(secret if form == "plain" else secret[::-1])
+                if len(sq) >= PARTIAL_FROM:
+                    for j in range(len(sq) - PARTIAL_LEN + 1):
+                        self.needles.setdefault(sq[j:j + PARTIAL_LEN], f"secret #{i + 1} (part, {form})")
+        # one regex over every needle, longest first: a single pass per text
+        self._rx = re.compile("|".join(re.escape(n) for n in sorted(self.needles, key=len, reverse=True))) \
+            if self.needles else None
+        self._rx_b = re.compile(self._rx.pattern.encode()) if self._rx else None
+
+    def __bool__(self) -> bool:
+        return self._rx is not None
+
+    def redact(self, text: str) -> str:
+        """text with every span that spells a secret (in any form above) replaced by [REDACTED]."""
+        if self._rx is None or not text:
+            return text
+        lower = text.lower()
+        starts, offsets, parts, n = [], [], [], 0   # squashed position -> original position, by chunks
+        for m in _ALNUM.finditer(lower):
+            starts.append(n)
+            offsets.append(m.start())
+            parts.append(m.group())
+            n += len(m.group())
+        squashed = "".join(parts)
+
+        def orig(pos: int) -> int:
+            i = bisect.bisect_right(starts, pos) - 1
+            return offsets[i] + pos - starts[i]
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        while (m := self._rx.search(squashed, pos)) is not None:
+            spans.append((orig(m.start()), orig(m.end() - 1) + 1))
+            pos = m.start() + 1  # overlapping matches too (a piece may start inside another)
+        if not spans:
+            return text
+        spans.sort()
+        merged = [list(spans[0])]
+        for a, b in spans[1:]:
+            if a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        out, last = [], 0
+        for a, b in merged:
+            out += [text[last:a], REDACTED]
+            last = b
+        out.append(text[last:])
+        return "".join(out)
+
+    def find(self, data: bytes) -> str | None:
+        """Which secret and form `data` holds (the first found), or None."""
+        if self._rx_b is None:
+            return None
+        m = self._rx_b.search(_NOT_ALNUM_B.sub(b"", data.lower()))
+        return self.needles[m.group().decode()] if m else None
+
+
+def _shapes(data: bytes) -> bool:
+    """A key-shaped string with a digit in it (real keys have them; "sk-learn-style-names" do not)."""
+    text = data.decode("latin-1")
+    return any(any(c.isdigit() for c in m.group()) for p in KEY_PATTERNS for m in p.finditer(text))
+
+
+def find_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list[str]:
+    """Every file under `tree` that holds a secret: one line per file, "<relative path>: <which secret and in
+    what form>" (never the value). `secrets`: the values to look for; None means the key-like variables of this
+    process's environment (secret_values()). Key-shaped strings (sk-ant-..., sk-..., ghp_...) count as well.
+
+    Symlinks are not followed (each is reported, since a link can reveal nothing by itself but may point at a
+    file holding one), files that cannot be read or are larger than MAX_SCAN_BYTES are reported as such: a tree
+    that cannot be checked is not clean. An empty list: nothing found."""
+    root = Path(tree)
+    matcher = SecretSet(secret_values() if secrets is None else secrets)
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: found.append(
+            f"{e.filename}: unreadable directory ({e.strerror})")):
+        dirnames.sort()
+        base = Path(dirpath)
+        for name in sorted(filenames) + [d for d in dirnames if (base / d).is_symlink()]:
+            path = base / name
+            rel = path.relative_to(root).as_posix()
+            try:
+                if path.is_symlink():
+                    link = os.readlink(path)
+                    why = matcher.find(link.encode("utf-8", "surrogateescape"))
+                    found.append(f"{rel}: symlink (not scanned)" + (f"; its target names {why}" if why else ""))
+                    continue
+                if not path.is_file():
+                    found.append(f"{rel}: not a regular file (not scanned)")
+                    continue
+                size = path.stat().st_size
+                if size > MAX_SCAN_BYTES:
+                    found.append(f"{rel}: {size} bytes, too large to scan")
+                    continue
+                data = path.read_bytes()
+            except OSError as e:
+                found.append(f"{rel}: unreadable ({e.strerror or e})")
+                continue
+            why = matcher.find(data) or matcher.find(rel.encode("utf-8", "surrogateescape"))
+            if why is None and _shapes(data):
+                why = "a key-shaped string"
+            if why:
+                found.append(f"{rel}: {why}")
+    return found
