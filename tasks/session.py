@@ -1,80 +1,93 @@
-"""A session as Prefect tasks: prepare -> agent edit -> build + gate -> retain or reject -> report -> snapshot."""
+"""A session as Prefect tasks: prepare -> agent edit -> build + gate -> retain or reject -> report -> snapshot.
+
+Task runs are named `c0/s1 <step>` and tagged `chain:c0`, `session:1` (by the flow). Arguments go in `quote()`d,
+so Prefect infers no edges from values that merely look alike (interned strings, shared reports); each step's one
+true upstream is the previous step, given as `wait_for`."""
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.concurrency.sync import concurrency
+from prefect.utilities.annotations import quote
 
 from seis.config import RunConfig
-from seis.evaluator import GateInputError
+from seis.evaluator import GateInputError, render_gate_for_agents
 from seis.session import (SessionOutcome, SessionSpec, decide, gate_workspace, prepare, record, run_agent,
                           snapshot_if_retained)
+from seis.session.display import session_markdown
 from seis.store import SnapshotStore
 
-from .gpu import GPU_LIMIT
+from .artifacts import stable_key
+from .gpu import gpu_slot
+
+_NAME = "{spec.chain}/s{spec.session} "
 
 
-@task(name="prepare-workspace", cache_policy=NO_CACHE)
+@task(name="prepare-workspace", task_run_name=_NAME + "prepare-workspace", cache_policy=NO_CACHE)
 def prepare_workspace_task(spec: SessionSpec, store_root: Path):
     spec.session_dir.mkdir(parents=True, exist_ok=True)
     parent_dir = SnapshotStore(store_root).get(spec.parent_snapshot, spec.session_dir / "parent")
     return prepare(spec, parent_dir), parent_dir
 
 
-@task(name="agent-edit", cache_policy=NO_CACHE)
+@task(name="agent-edit", task_run_name=_NAME + "agent-edit", cache_policy=NO_CACHE)
 def agent_edit_task(config: RunConfig, spec: SessionSpec, workspace):
     return run_agent(config, spec, workspace)
 
 
-@task(name="build-and-gate", cache_policy=NO_CACHE)
+@task(name="build-and-gate", task_run_name=_NAME + "build-and-gate", cache_policy=NO_CACHE)
 def gate_task(config: RunConfig, spec: SessionSpec, workspace, parent_dir: Path):
     # The evaluator builds every engine (weights, KV cache, CUDA graphs) in its own process, then gates.
-    with concurrency(GPU_LIMIT, occupy=1, strict=True):
+    with gpu_slot():
         return gate_workspace(config, spec, workspace, parent_dir)
 
 
-@task(name="snapshot", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+@task(name="snapshot", task_run_name=_NAME + "snapshot", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
 def snapshot_task(store_root: Path, spec: SessionSpec, gate_result, retained: bool) -> str:
     return snapshot_if_retained(SnapshotStore(store_root), spec, gate_result, retained)
 
 
-@task(name="session-report", cache_policy=NO_CACHE)
+@task(name="session-report", task_run_name=_NAME + "report", cache_policy=NO_CACHE)
 def report_task(spec: SessionSpec, workspace, agent_result, gate_result, snapshot: str, retained: bool,
                 reasons: tuple[str, ...], wall_s: float) -> SessionOutcome:
     outcome = record(spec, workspace, agent_result, gate_result, snapshot, retained, reasons, wall_s)
-    create_markdown_artifact(outcome.report.markdown, key=_key(f"{spec.run_id}-{spec.chain}-{spec.session}"),
-                             description=f"SEIS session {spec.chain}/{spec.session}: {outcome.verdict}")
+    measurements = render_gate_for_agents(gate_result) if gate_result is not None else ""
+    create_markdown_artifact(session_markdown(outcome, measurements, spec.session_dir),
+                             key=stable_key("session", spec.chain, f"s{spec.session}"),
+                             description=f"SEIS session {spec.chain}/s{spec.session} of run {spec.run_id}: "
+                                         f"{outcome.verdict}")
     return outcome
 
 
-@task(name="session", cache_policy=NO_CACHE)
+def _step(step, *args, after=None):
+    """Run one step as a child task run; its only upstream edge is `after` (the previous step's future). A future,
+    not a state: Prefect would search a state's data for values that other tasks returned (an empty tuple is one
+    object for every chain) and draw edges to them."""
+    future = step.submit(*(quote(a) for a in args), wait_for=[after] if after is not None else None)
+    return future.result(), future
+
+
+@task(name="session", task_run_name=_NAME + "session", cache_policy=NO_CACHE)
 def session_task(config: RunConfig, spec: SessionSpec, store_root: Path) -> SessionOutcome:
     t0 = time.monotonic()
-    workspace, parent_dir = prepare_workspace_task(spec, store_root)
-    agent_result = agent_edit_task(config, spec, workspace)
+    (workspace, parent_dir), last = _step(prepare_workspace_task, spec, store_root)
+    agent_result, last = _step(agent_edit_task, config, spec, workspace, after=last)
     gate_result, reasons = None, ()
     if agent_result.status != "edited":
         reasons = (f"agent: {agent_result.status}",)   # an unchanged engine has nothing to gate
     else:
         try:
-            gate_result = gate_task(config, spec, workspace, parent_dir)
+            gate_result, last = _step(gate_task, config, spec, workspace, parent_dir, after=last)
             reasons = tuple(gate_result.failed_checks)
         except GateInputError as e:  # e.g. the workspace ships files the evaluator refuses: rejected, not a crash
             reasons = (f"gate refused the workspace: {e}",)
     retained, reasons = decide(spec, gate_result, reasons)
-    snapshot = snapshot_task(store_root, spec, gate_result, retained)
-    outcome = report_task(spec, workspace, agent_result, gate_result, snapshot, retained, reasons,
-                          time.monotonic() - t0)
+    snapshot, last = _step(snapshot_task, store_root, spec, gate_result, retained, after=last)
+    outcome, _ = _step(report_task, spec, workspace, agent_result, gate_result, snapshot, retained, reasons,
+                       time.monotonic() - t0, after=last)
     status = "retained" if retained else "kept parent"
     print(f"[{spec.chain} s{spec.session}] {agent_result.notes} -> {outcome.verdict}, {status} ({snapshot})")
     return outcome
-
-
-def _key(text: str) -> str:
-    # artifact keys: lowercase letters, digits and dashes only
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")

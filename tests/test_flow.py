@@ -27,11 +27,17 @@ def harness():
 
 
 def _run(tmp_path: Path, **values) -> pd.DataFrame:
+    return _run_with_id(tmp_path, **values)[0]
+
+
+def _run_with_id(tmp_path: Path, **values) -> tuple[pd.DataFrame, str]:
+    """The run's summary and its Prefect flow run id (to read its task runs, logs and artifacts back)."""
     from flows.seis_flow import seis
     config = RunConfig(model="tiny-qwen3", device="cpu", gate="smoke", out=tmp_path / "run",
                        store=tmp_path / "store", **values)
-    run_dir = Path(seis(config))
-    return pd.read_parquet(run_dir / "summary.parquet")
+    state = seis(config, return_state=True)
+    run_dir = Path(state.result())
+    return pd.read_parquet(run_dir / "summary.parquet"), str(state.state_details.flow_run_id)
 
 
 def _library(tmp_path: Path, *names: str, broken: bool = False) -> Path:
@@ -54,9 +60,18 @@ def _library(tmp_path: Path, *names: str, broken: bool = False) -> Path:
 
 
 # Flows that gate take `prepared_dir`: the gates read the prepared workloads (made from the GSM8K source).
-def test_sync_chain_lineage_and_fan_in(harness, tmp_path, prepared_dir):
+@pytest.fixture(scope="module")
+def sync_run(harness, tmp_path_factory, prepared_dir):
+    """One sync-chain run (2 chains, 2 sessions, a fan-in before session 1), shared by the tests that read it."""
+    tmp_path = tmp_path_factory.mktemp("sync")
     lib = _library(tmp_path, "batched-scoring", "decode-pinned-metadata")
-    df = _run(tmp_path, protocol="sync-chain", chains=2, sessions=2, sync_every=1, agent_library=lib)
+    df, flow_run_id = _run_with_id(tmp_path, protocol="sync-chain", chains=2, sessions=2, sync_every=1,
+                                   agent_library=lib)
+    return tmp_path, df, flow_run_id
+
+
+def test_sync_chain_lineage_and_fan_in(sync_run):
+    tmp_path, df, _ = sync_run
     store = SnapshotStore(tmp_path / "store")
     vanilla = store.put(ENGINE_TEMPLATE)
     s0 = df[df.session == 0].set_index("chain")
@@ -82,6 +97,99 @@ def test_sync_chain_lineage_and_fan_in(harness, tmp_path, prepared_dir):
         assert (tmp_path / "run" / "chains" / "c1" / "001" / name).is_file()
     assert "retained" in (tmp_path / "run" / "chains" / "c1" / "001" / "report.md").read_text()
     assert (tmp_path / "run" / "figures" / "chain_speedups.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _read_back(flow_run_id: str):
+    """The flow run's task runs, logs and artifacts, through Prefect's own client."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter,
+                                                FlowRunFilterId, LogFilter, LogFilterFlowRunId)
+
+    async def read():
+        async with get_client() as client:
+            task_runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+            artifacts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            return task_runs, logs, artifacts
+    return asyncio.run(read())
+
+
+def _graph(task_runs) -> dict[str, set[str]]:
+    """Each task run's name -> the names of its upstream task runs (data edges and wait_for; not nesting)."""
+    names = {str(t.id): t.name for t in task_runs}
+    return {t.name: {names[str(i.id)] for key, inputs in t.task_inputs.items() if key != "__parents__"
+                     for i in inputs if getattr(i, "id", None) and str(i.id) in names} for t in task_runs}
+
+
+STEPS = ("session", "prepare-workspace", "agent-edit", "build-and-gate", "snapshot", "report")
+
+
+def test_ui_task_runs_are_named_and_tagged_by_chain_and_session(sync_run):
+    task_runs, _, _ = _read_back(sync_run[2])
+    by_name = {t.name: t for t in task_runs}
+    assert len(by_name) == len(task_runs)                       # every name says which run it is
+    expected = {f"{c}/s{s} {step}" for c in ("c0", "c1") for s in (0, 1) for step in STEPS}
+    assert expected | {"s1 fan-in"} <= set(by_name), sorted(by_name)
+    for c in ("c0", "c1"):
+        for s in (0, 1):
+            for step in STEPS:
+                assert {f"chain:{c}", f"session:{s}"} <= set(by_name[f"{c}/s{s} {step}"].tags)
+    assert "session:1" in by_name["s1 fan-in"].tags and not any(t.startswith("chain:")
+                                                                 for t in by_name["s1 fan-in"].tags)
+
+
+def test_ui_graph_shows_only_chain_lineage_and_fan_ins(sync_run):
+    task_runs, _, _ = _read_back(sync_run[2])
+    graph = _graph(task_runs)
+    assert graph["s1 fan-in"] == {"c0/s0 session", "c1/s0 session"}
+    for c in ("c0", "c1"):
+        assert graph[f"{c}/s0 session"] == {"snapshot-vanilla"}
+        assert graph[f"{c}/s1 session"] == {f"{c}/s0 session", "s1 fan-in"}     # lineage + fan-in, no peer
+        for s in (0, 1):
+            steps = [f"{c}/s{s} {step}" for step in STEPS[1:]]
+            assert graph[steps[0]] == set()
+            for before, after in zip(steps, steps[1:]):                # one session: a plain sequence of steps
+                assert graph[after] == {before}, (after, graph[after])
+
+
+def test_ui_gpu_wait_is_logged_as_waiting(sync_run):
+    task_runs, logs, _ = _read_back(sync_run[2])
+    gates = {str(t.id) for t in task_runs if t.name.endswith("build-and-gate")}
+    for task_run_id in gates:
+        messages = [log.message for log in logs if str(log.task_run_id) == task_run_id]
+        waiting = next(i for i, m in enumerate(messages) if m.startswith("waiting for the GPU slot"))
+        acquired = next(i for i, m in enumerate(messages) if m.startswith("GPU slot acquired after waiting"))
+        assert waiting < acquired, messages
+
+
+def test_ui_artifacts_have_stable_keys_code_fenced_gates_and_rounded_numbers(sync_run):
+    import re
+    tmp_path, df, flow_run_id = sync_run
+    _, _, artifacts = _read_back(flow_run_id)
+    by_key = {a.key: a for a in artifacts}
+    # the same keys every run of a deployment (here: a local run of flow `seis`), so the per-key history is useful
+    assert {"seis-summary", "seis-sessions", *(f"seis-session-{c}-s{s}" for c in ("c0", "c1") for s in (0, 1))} \
+        <= set(by_key), sorted(by_key)
+    session = by_key["seis-session-c0-s1"].data
+    fenced = re.search(r"```text\n(.*?)\n```", session, re.S)
+    assert fenced and "Gate verdict: PASS" in fenced.group(1) and "Speed on cpu" in fenced.group(1)
+    assert re.search(r"dev speedup vs vanilla \| \d+\.\d{3}x \|", session)
+    assert re.search(r"\| wall \| \d+\.\d s \|", session)
+    summary = by_key["seis-summary"].data
+    assert str(tmp_path / "run" / "figures" / "chain_speedups.png") in summary
+    assert "| chain" in summary and "c1" in summary
+    rows = json.loads(by_key["seis-sessions"].data)
+    assert len(rows) == len(df) == 4
+    for row in rows:
+        for column, digits in (("dev_speedup_vs_vanilla", 3), ("dev_speedup_vs_parent", 3), ("wall_s", 1)):
+            value = row[column]
+            assert value is None or round(value, digits) == value, (column, value)
+    numbers = re.findall(r"\d+\.(\d+)", summary.split("| chain", 1)[1])
+    assert numbers and max(len(n) for n in numbers) <= 3
 
 
 def test_chain_rejected_candidate_keeps_parent_and_is_not_retried(harness, tmp_path, prepared_dir):

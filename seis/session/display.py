@@ -1,0 +1,85 @@
+"""How a run shows itself in an orchestrator's UI: run names and tags with chain and session, stable artifact keys,
+and the artifacts' markdown (gate tables in code fences, rounded numbers). Nothing here imports Prefect."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .spec import SessionOutcome
+
+ROUNDING = {"dev_speedup_vs_vanilla": 3, "dev_speedup_vs_parent": 3, "wall_s": 1, "cost_usd": 4}
+
+
+def run_label(chain: str, session: int) -> str:
+    """`c0/s1`: the prefix of every task run name of one session."""
+    return f"{chain}/s{session}"
+
+
+def run_tags(chain: str | None = None, session: int | None = None) -> tuple[str, ...]:
+    """`chain:c0`, `session:1`: tags to filter a session's (or a fan-in's) task runs by."""
+    return tuple([f"chain:{chain}"] * (chain is not None) + [f"session:{session}"] * (session is not None))
+
+
+def artifact_key(*parts: object) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) from the non-empty parts: `seis-session-c0-s1`."""
+    text = "-".join(str(p) for p in parts if p not in (None, ""))
+    return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]+", "-", text.lower())).strip("-")
+
+
+def stable_prefix(flow_name: str | None, deployment_name: str | None) -> str:
+    """`seis` for a local run, `seis-sync-chain` for a run of deployment seis/sync-chain: the same key every run,
+    so the UI's per-key history compares runs of one deployment."""
+    return artifact_key(flow_name or "seis", deployment_name)
+
+
+def rounded(row: dict) -> dict:
+    """A summary row for display: speedups to 3 decimals, wall seconds to 1."""
+    return {k: (round(v, ROUNDING[k]) if k in ROUNDING and isinstance(v, float) else v) for k, v in row.items()}
+
+
+def fence(text: str, lang: str = "text") -> str:
+    """Text in a code fence (longer than any backtick run inside it), so tables keep their columns."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}{lang}\n{text.strip(chr(10))}\n{ticks}"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}x"
+
+
+def session_markdown(outcome: SessionOutcome, measurements: str, session_dir: Path) -> str:
+    """The session artifact: the facts, then the agent's report with the gate's measurements in a code fence."""
+    status = "retained" if outcome.retained else "rejected, the chain keeps its parent"
+    facts = [
+        ("verdict", f"{outcome.verdict} ({status})"),
+        ("parent -> engine", f"`{outcome.parent_snapshot}` -> `{outcome.snapshot}`"),
+        ("dev speedup vs vanilla", _x(outcome.dev_speedup_vs_vanilla)),
+        ("dev speedup vs parent", _x(outcome.dev_speedup_vs_parent)),
+        ("applied", ", ".join(outcome.applied) or "-"), ("adopted", ", ".join(outcome.adopted) or "-"),
+        ("synced from", ", ".join(outcome.synced_from) or "-"),
+        ("reasons", "; ".join(outcome.reasons).replace("|", "\\|").replace("\n", " ") or "-"),
+        ("agent", f"{outcome.agent}: {outcome.tokens_in} tokens in, {outcome.tokens_out} out, "
+                  f"${outcome.cost_usd:.4f}"),
+        ("wall", f"{outcome.wall_s:.1f} s"), ("files", f"`{session_dir}`"),
+    ]
+    lines = [f"# {run_label(outcome.chain, outcome.session)}: {outcome.verdict}", "", "| | |", "|---|---|",
+             *(f"| {k} | {v} |" for k, v in facts), ""]
+    report, shown = outcome.report.markdown, measurements.strip()
+    if shown and shown in report:
+        report = report.replace(shown, fence(shown), 1)
+    elif shown:
+        report = report.rstrip("\n") + "\n\n## Gate\n\n" + fence(shown) + "\n"
+    return "\n".join(lines) + "\n## Report\n\n" + report.strip("\n") + "\n"
+
+
+def summary_artifact_markdown(run_id: str, protocol: str, run_root: Path, summary_md: str, figure: Path | None,
+                              best: SessionOutcome | None) -> str:
+    """The run's summary artifact: what ran, the best retained engine, the chain figure and the summary table."""
+    best_line = (f"Best retained engine: `{best.snapshot}` ({run_label(best.chain, best.session)}, dev speedup vs "
+                 f"vanilla {_x(best.dev_speedup_vs_vanilla)})" if best else "No engine was retained.")
+    return "\n".join([
+        f"# SEIS {protocol} run `{run_id}`", "", best_line, "",
+        f"Chain figure: `{figure}`" if figure else "Chain figure: none", "",
+        f"Run directory: `{run_root}` (summary.parquet, summary.md, best.json, chains/)", "",
+        summary_md.strip("\n"), ""])
