@@ -9,7 +9,8 @@ import torch
 
 from seis.models import ModelError, cache_dir, list_models, prepare_model, resolve_model
 from seis.models import random_init
-from seis.models.tokenizer import CHATML_TEMPLATE, ENDOFTEXT_ID, IM_END_ID, IM_START_ID, build_byte_tokenizer
+from seis.models.tokenizer import (CHATML_TEMPLATE, ENDOFTEXT_ID, EOS_TOKEN_IDS, IM_END_ID, IM_START_ID,
+                                   build_byte_tokenizer)
 
 TINY = ["tiny-qwen3", "tiny-llama"]
 
@@ -55,14 +56,15 @@ def test_tiny_model_loads_in_hf_with_finite_logits(cache, name):
     assert model.config.tie_word_embeddings == (name == "tiny-llama")
 
 
-def test_prepare_is_idempotent_and_deterministic(cache):
-    path = prepare_model("tiny-qwen3")
-    first = (path / "model.safetensors").read_bytes()
+@pytest.mark.parametrize("name", TINY)
+def test_prepare_is_idempotent_and_deterministic(cache, name):
+    path = prepare_model(name)
+    first = {f: (path / f).read_bytes() for f in ("model.safetensors", "config.json")}
     mtime = (path / "model.safetensors").stat().st_mtime_ns
-    assert prepare_model("tiny-qwen3") == path
+    assert prepare_model(name) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == mtime  # skipped, not rebuilt
-    prepare_model("tiny-qwen3", force=True)
-    assert (path / "model.safetensors").read_bytes() == first
+    prepare_model(name, force=True)  # the EOS calibration included: same bytes again
+    assert {f: (path / f).read_bytes() for f in first} == first
     assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name]
 
 
@@ -223,3 +225,114 @@ def test_smollm2_greedy_chat(monkeypatch):
     answer = tok.decode(out, skip_special_tokens=True).strip()
     assert out[-1] in config["eos_token_id"], "greedy answer should end with an EOS"
     assert answer and answer.isascii() and "5" in answer, answer
+
+
+# ---- EOS calibration of the random models ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, config", [("tiny-qwen3", random_init.tiny_qwen3_config),
+                                          ("tiny-llama", random_init.tiny_llama_config)])
+def test_calibration_forward_is_the_real_model(cache, name, config):
+    """The plain-torch forward the calibration decodes with gives HF's greedy tokens and final hidden states."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(prepare_model(name), dtype=torch.float32).eval()
+    cfg = config()
+    tensors = {n: random_init.init_tensor(n, s, hidden_size=cfg["hidden_size"], dtype=cfg["torch_dtype"])
+               for n, s in random_init.param_shapes(cfg).items()}
+    prompts = random_init.calibration_prompts(2, seed=3) + [[5, 17, 33], list(range(3, 40))]  # shared prefix + padding
+    with torch.no_grad():
+        states, maxes, toks = random_init._Forward(tensors, cfg).greedy_states(prompts, 6, banned=EOS_TOKEN_IDS)
+        for b, prompt in enumerate(prompts):
+            out = hf(torch.tensor([prompt + toks[b, :-1].tolist()]), output_hidden_states=True)
+            ref = out.hidden_states[-1][0, len(prompt) - 1:]
+            torch.testing.assert_close(states[b], ref, rtol=1e-4, atol=1e-4)
+            logits = out.logits[0, len(prompt) - 1:]
+            logits[:, EOS_TOKEN_IDS] = -torch.inf
+            assert toks[b].tolist() == logits.argmax(-1).tolist()
+            torch.testing.assert_close(maxes[b], logits.max(-1).values, rtol=1e-4, atol=1e-4)
+
+
+def test_eos_hazard_is_stops_per_generated_token():
+    z = torch.tensor([[0.0, 2.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0], [5.0, 0.0, 0.0, 0.0]])
+    maxes = torch.ones(3, 4)
+    rate, lengths = random_init.eos_hazard(z, torch.full_like(z, -torch.inf), maxes, 1.0)
+    assert lengths == [2, 5, 1]  # stops at its first EOS argmax; 5 = steps + 1: never stopped
+    assert rate == 2 / (2 + 4 + 1)
+    other_eos = torch.zeros(3, 4)
+    other_eos[1, 2] = 9.0  # the other EOS id wins there
+    assert random_init.eos_hazard(z, other_eos, maxes, 1.0)[1] == [2, 3, 1]
+    assert random_init.eos_hazard(z, other_eos, maxes, 0.1)[1] == [5, 3, 5]
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_eos_row_is_calibrated_and_recorded(cache, name):
+    from safetensors.torch import load_file
+
+    path = prepare_model(name)
+    config = json.loads((path / "config.json").read_text())
+    rec = config["seis_eos_rate"]
+    assert rec["eos_id"] == ENDOFTEXT_ID and rec["target"] == random_init.TINY_EOS.target == 1 / 40
+    assert rec["target"] / 1.5 <= rec["rate"] <= rec["target"] * 1.5, rec
+    assert 0.2 <= rec["stopped"] <= 1.0 and rec["short_answers"] <= 0.1
+
+    weights = load_file(path / "model.safetensors")
+    name_ = "model.embed_tokens.weight" if config["tie_word_embeddings"] else "lm_head.weight"
+    head = weights[name_]
+    fresh = random_init.init_tensor(name_, tuple(head.shape), hidden_size=config["hidden_size"], dtype="float32")
+    changed = (head != fresh).any(1).nonzero().flatten().tolist()
+    assert changed == [ENDOFTEXT_ID]  # only the calibrated row differs from the seeded init
+    assert head[ENDOFTEXT_ID].norm().item() == pytest.approx(rec["scale"], rel=1e-3)
+
+
+def test_tiny_qwen3_natural_length_generation_stops_at_varied_lengths(cache, E):
+    """Greedy E0, EOS honoured, on seeded prompts of the natural-length workload's shape (not the calibration's)."""
+    options = E.EngineOptions(device="cpu", max_batch_size=24, max_seq_len=512)
+    eng = E.Engine(prepare_model("tiny-qwen3"), options).build()
+    prompts = random_init.calibration_prompts(24, seed=1)
+    outs = eng.generate(prompts, E.SamplingParams(max_new_tokens=48))
+    stopped = [o for o in outs if o.finish_reason == "stop"]
+    assert 0.2 <= len(stopped) / len(outs) <= 0.9
+    eos = set(eng.eos_token_ids)
+    for o in outs:
+        assert not eos & set(o.token_ids[:-1])
+        assert (o.token_ids[-1] in eos) == (o.finish_reason == "stop")
+        assert o.finish_reason == "stop" or len(o.token_ids) == 48
+    lengths = [len(o.token_ids) for o in stopped]
+    assert len(set(lengths)) >= 6 and min(lengths) > 1, lengths  # varied, and never an empty answer
+    # The same requests with EOS ignored continue past it: the natural-length outputs are their prefixes.
+    forced = eng.generate(prompts, E.SamplingParams(max_new_tokens=48, ignore_eos=True))
+    assert all(f.token_ids[: len(o.token_ids)] == o.token_ids for f, o in zip(forced, outs))
+
+
+def test_qwen3_0_6b_eos_calibration_is_pinned():
+    cal = random_init.QWEN3_0_6B_EOS
+    assert cal.target == 1 / 150 and cal.scale is not None and cal.scale > 0
+    assert cal.steps == 256  # the natural-length workload's max_new_tokens
+    for fit in (cal.pinned_fit, cal.pinned_fit["checked_on"]):  # the fit, and its held-out check
+        assert cal.target / 1.5 <= fit["rate"] <= cal.target * 1.5
+        assert 0.5 <= fit["stopped"] <= 0.95 and fit["short_answers"] <= 0.2
+
+
+def test_pinned_eos_scale_is_written_as_given():
+    """The 0.6B's path (direction seed and scale fitted once, offline), on the tiny config: the build computes only
+    the direction."""
+    cfg = random_init.tiny_llama_config()  # tied: the row is also <|endoftext|>'s input embedding
+    tensors = {n: random_init.init_tensor(n, s, hidden_size=cfg["hidden_size"], dtype=cfg["torch_dtype"])
+               for n, s in random_init.param_shapes(cfg).items()}
+    fit = {"rate": 0.02, "stopped": 0.5, "fitted_on": "somewhere"}
+    cal = random_init.EosCalibration(target=1 / 40, prompts=16, steps=64, direction_seed=5, scale=3.5,
+                                     pinned_fit=fit)
+
+    def direction():
+        mean = random_init.direction_mean(random_init._Forward(tensors, cfg), cal)
+        return random_init.direction_from_mean(mean, 5)
+
+    with torch.no_grad():
+        before = direction()
+        record = random_init.calibrate_eos(tensors, cfg, cal)
+        # Calibration prompts never contain <|endoftext|>: setting its row does not move the direction.
+        assert torch.equal(direction(), before)
+    assert record["scale"] == 3.5 and record["direction_seed"] == 5 and {k: record[k] for k in fit} == fit
+    assert torch.equal(tensors["model.embed_tokens.weight"][ENDOFTEXT_ID], (3.5 * before).float())
+    with pytest.raises(ValueError, match="direction_seed"):
+        random_init.calibrate_eos(tensors, cfg, random_init.EosCalibration(1 / 40, 16, 64, scale=3.5))

@@ -26,13 +26,13 @@ _SPECS = (
               "gguf", smollm2.build),
     ModelSpec("qwen3-0.6b-random",
               "Exact Qwen3-0.6B shapes with seeded random bf16 weights and a byte-level tokenizer",
-              "random", random_init.build_qwen3_0_6b),
+              "random", random_init.build_qwen3_0_6b, version=2),
     ModelSpec("tiny-qwen3",
               "Tiny Qwen3 (2 layers, hidden 64, untied lm_head), seeded random fp32 weights",
-              "random", random_init.build_tiny_qwen3),
+              "random", random_init.build_tiny_qwen3, version=3),
     ModelSpec("tiny-llama",
               "Tiny Llama (3 layers, hidden 64, tied embeddings), seeded random fp32 weights",
-              "random", random_init.build_tiny_llama),
+              "random", random_init.build_tiny_llama, version=3),
 )
 
 REGISTRY: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
