@@ -55,7 +55,9 @@ def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, p
     if config.gate == "smoke":  # the smallest sizes that still run every check (tests)
         from ..evaluator import CheckSizes, SpeedConfig
         values.update(checks=CheckSizes(n_dev=2, n_heldout_gsm8k=2, n_heldout_shapes=1, max_new_tokens=12,
-                                        tf_max_tokens=12, n_eos_probes=1),
+                                        tf_max_tokens=12, n_eos_probes=1, n_sampling_prompts=1, n_samples=32,
+                                        n_stop=2, n_long=1, long_context_tokens=256, long_new_tokens=8,
+                                        late_tokens=48),
                       speed=SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8),
                       max_prompt_tokens=128)  # CPU prefill dominates a small gate
     gate_config = GateConfig(**values) if config.gate == "full" else GateConfig.quick(**values)
