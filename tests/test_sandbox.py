@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 

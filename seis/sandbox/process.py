@@ -7,6 +7,7 @@ untrusted code is running any more.
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -151,8 +152,7 @@ class SandboxedProcess:
                     _chown_tree(b.src, self.uid)
         env = {"PATH": SAFE_PATH, "HOME": "/tmp/home", "USER": "sandbox", "LOGNAME": "sandbox",
                **self.policy.env}
-        policy = SandboxPolicy(self.policy.binds, env, self.policy.cwd, self.policy.gpu, self.policy.limits,
-                               self.policy.network)
+        policy = dataclasses.replace(self.policy, env=env)
         read_fd, write_fd = os.pipe()
         try:
             cmd = bwrap.command(policy, self.argv, self.uid, write_fd, self.forbidden)

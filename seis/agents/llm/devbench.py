@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .secrets import SECRET_NAME, secret_values
+from .sockets import accept_until
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 MAX_TABLE_BYTES = 64_000
@@ -143,13 +144,7 @@ class BenchService:
         return {"bench.sock": self.sock_path, "bench_client.py": self.client_path}
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (TimeoutError, socket.timeout):
-                continue
-            except OSError:
-                return
+        for conn in accept_until(self.sock, self._stop):
             with conn:
                 try:
                     conn.settimeout(10)

@@ -17,6 +17,8 @@ import tempfile
 import threading
 from urllib.parse import urlsplit
 
+from .sockets import accept_until
+
 PROXY_PORT = 18080
 MAX_HEADER_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 15.0
@@ -110,13 +112,7 @@ class ApiProxy:
             self._conns.append(s)
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except (TimeoutError, socket.timeout):
-                continue
-            except OSError:
-                return
+        for conn in accept_until(self.sock, self._stop):
             self._track(conn)
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
