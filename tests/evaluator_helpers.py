@@ -129,7 +129,7 @@ def dev_only_batches(root: Path, dev_prompts: list[tuple[int, ...]]) -> Path:
          flag.format("prefixes") + "        self._check_pairs(prefixes, drafts)\n")
     edit(root, ENGINE_PY, "        return self.model.forward(batch, self.attn, self.kv)\n",
          "        logits = self.model.forward(batch, self.attn, self.kv)\n"
-         "        return logits + torch.randn_like(logits) if getattr(self, '_noisy', False) else logits\n")
+         "        return logits + 5.0 * torch.randn_like(logits) if getattr(self, '_noisy', False) else logits\n")
     edit(root, ENGINE_PY, "        self._build_seconds = 0.0\n",
          "        self._build_seconds = 0.0\n"
          "        import json as _json\n"
