@@ -206,3 +206,16 @@ def test_bfloat16_on_cpu_follows_float32(E):
     a, b = (e.score([prompt], [ref], top_k=1)[0] for e in (bf16, fp32))
     assert sum(x[0] == y[0] for x, y in zip(a.top_ids, b.top_ids)) >= len(ref) - 1
     assert max(abs(x - y) for x, y in zip(a.token_logprobs, b.token_logprobs)) < 0.1
+
+
+def test_attention_backend_choice_and_its_errors(E):
+    from engine.attention import select_attention
+    cpu = torch.device("cpu")
+    args = (16, 8, 128, 4, 16, 64)
+    assert select_attention("auto", cpu, torch.float32, *args).name == "torch"
+    assert select_attention("auto", cpu, torch.bfloat16, *args).name == "torch"
+    for name in ("flashinfer", "triton"):
+        with pytest.raises(ValueError, match=f"the {name} attention backend needs a CUDA device"):
+            select_attention(name, cpu, torch.bfloat16, *args)
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
+        select_attention("flash", cpu, torch.bfloat16, *args)

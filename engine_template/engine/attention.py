@@ -20,6 +20,9 @@ class TorchAttention:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
 
+    def plan(self, batch: ForwardBatch) -> None:
+        """Host-side preparation before a step (outside any captured graph); this backend needs none."""
+
     def forward(self, layer: int, q: torch.Tensor, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         if batch.is_decode:
             return self.decode(layer, q, batch, kv)
@@ -85,13 +88,26 @@ class TritonAttention(TorchAttention):
         return out.flatten(1)
 
 
-def select_attention(preferred: str, device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int,
-                     max_batch_size: int) -> TorchAttention:
-    if preferred not in ("auto", "torch", "triton"):
-        raise ValueError(f"unknown attention backend {preferred!r} (choose auto, torch or triton)")
+def select_attention(preferred: str, device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
+                     head_dim: int, max_batch_size: int, page_size: int, max_pages_per_request: int
+                     ) -> TorchAttention:
+    """auto: FlashInfer on CUDA when it imports and the dtype is half precision, else Triton, else torch."""
+    if preferred not in ("auto", "torch", "triton", "flashinfer"):
+        raise ValueError(f"unknown attention backend {preferred!r} (choose auto, torch, triton or flashinfer)")
+    if preferred in ("triton", "flashinfer") and device.type != "cuda":
+        raise ValueError(f"the {preferred} attention backend needs a CUDA device")
+    if preferred == "flashinfer" and dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the flashinfer attention backend needs bfloat16 or float16, not {dtype}")
+    if preferred == "flashinfer" or (preferred == "auto" and device.type == "cuda"
+                                     and dtype in (torch.bfloat16, torch.float16)):
+        try:
+            from .flashinfer_attention import FlashInferAttention
+            return FlashInferAttention(num_heads, num_kv_heads, head_dim, page_size, max_pages_per_request, dtype,
+                                       device)
+        except ImportError:
+            if preferred == "flashinfer":
+                raise
     if preferred == "triton" or (preferred == "auto" and device.type == "cuda"):
-        if device.type != "cuda":
-            raise ValueError("the triton attention backend needs a CUDA device")
         try:
             import triton  # noqa: F401
             return TritonAttention(num_heads, num_kv_heads, head_dim, max_batch_size, device)

@@ -22,7 +22,9 @@ class ForwardBatch:
     page_table: torch.Tensor   # [B, W] int32: pages of each request, in order
     logit_rows: torch.Tensor   # [R] int64: rows of the hidden states that need logits
     extend_lens: tuple[int, ...] = ()   # host copy, extend steps only
-    seq_lens_host: tuple[int, ...] = ()  # host copy, extend steps only
+    seq_lens_host: tuple[int, ...] = ()  # host copy of seq_lens
+    page_ids_host: tuple[tuple[int, ...], ...] = ()  # host copy: each request's pages covering its seq_len
+    cuda_graph: bool = False            # the static batch of a captured decode graph
 
     @property
     def batch_size(self) -> int:

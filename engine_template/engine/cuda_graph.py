@@ -1,7 +1,12 @@
-"""Decode CUDA graphs: one graph per captured batch size, replayed with padded inputs."""
+"""Decode CUDA graphs: one graph per captured batch size, replayed with padded inputs.
+
+The attention backend's host-side plan runs before every replay, outside the graph: it writes only into buffers
+the graph captured.
+"""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from typing import Callable
 
 import torch
@@ -10,8 +15,9 @@ from .batch import ForwardBatch
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[[ForwardBatch], torch.Tensor], batch_sizes: list[int], page_width: int,
-                 device: torch.device):
+    def __init__(self, forward: Callable[[ForwardBatch], torch.Tensor], plan: Callable[[ForwardBatch], None],
+                 batch_sizes: list[int], page_width: int, device: torch.device):
+        self.plan = plan
         self.batch_sizes = sorted(set(batch_sizes))
         max_bs = self.batch_sizes[-1]
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
@@ -25,6 +31,7 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.batch_sizes):  # largest first, so smaller graphs reuse its pool memory
             batch = self._static_batch(bs)
+            plan(batch)
             for _ in range(2):  # warm up (Triton autotune / compile) outside capture
                 forward(batch)
             torch.cuda.synchronize()
@@ -35,16 +42,21 @@ class DecodeGraphs:
         torch.cuda.synchronize()
 
     def _static_batch(self, bs: int) -> ForwardBatch:
+        # Host metadata of an all-padding batch (every row one token in the reserved page 0) for the capture.
         return ForwardBatch(True, self.input_ids[:bs], self.positions[:bs], self.out_slots[:bs], self.seq_lens[:bs],
-                            self.page_table[:bs], self.rows[:bs])
+                            self.page_table[:bs], self.rows[:bs], seq_lens_host=(1,) * bs,
+                            page_ids_host=((0,),) * bs, cuda_graph=True)
 
     def padded_size(self, bs: int) -> int | None:
         i = bisect.bisect_left(self.batch_sizes, bs)
         return self.batch_sizes[i] if i < len(self.batch_sizes) else None
 
-    def replay(self, packed: torch.Tensor, page_rows: torch.Tensor, bs: int) -> torch.Tensor:
-        """packed: [4, padded_bs] int64 (ids, positions, slots, seq_lens) on the device; page_rows: [padded_bs, W]."""
+    def replay(self, packed: torch.Tensor, page_rows: torch.Tensor, bs: int, seq_lens: tuple[int, ...],
+               page_ids: tuple[tuple[int, ...], ...]) -> torch.Tensor:
+        """packed: [4, padded_bs] int64 (ids, positions, slots, seq_lens) on the device; page_rows: [padded_bs, W];
+        seq_lens / page_ids: the same rows' host copies, for the attention plan."""
         padded = packed.shape[1]
+        self.plan(dataclasses.replace(self._static_batch(padded), seq_lens_host=seq_lens, page_ids_host=page_ids))
         self.input_ids[:padded].copy_(packed[0])
         self.positions[:padded].copy_(packed[1])
         self.out_slots[:padded].copy_(packed[2])

@@ -31,7 +31,7 @@ class EngineOptions:
     max_prefill_tokens: int = 8192
     use_cuda_graphs: bool = True
     cuda_graph_batch_sizes: tuple[int, ...] | None = None  # default: 1, 2, 4, 8, then multiples of 8
-    attention_backend: str = "auto"       # auto | torch | triton
+    attention_backend: str = "auto"       # auto | torch | triton | flashinfer
     kernel_backend: str = "auto"          # auto | torch | triton
     seed: int = 0
 
@@ -75,17 +75,23 @@ class Engine:
                           self.device)
         self.allocator = PageAllocator(num_pages)
         self.page_table = PageTable(opts.max_batch_size, pages_per_req, self.device)
-        self.attn = select_attention(opts.attention_backend, self.device, cfg.num_heads, cfg.num_kv_heads,
-                                     cfg.head_dim, opts.max_batch_size)
+        self.attn = select_attention(opts.attention_backend, self.device, self.dtype, cfg.num_heads,
+                                     cfg.num_kv_heads, cfg.head_dim, opts.max_batch_size, opts.page_size,
+                                     pages_per_req)
         if opts.use_cuda_graphs and self.device.type == "cuda":
             from .cuda_graph import DecodeGraphs
             sizes = opts.cuda_graph_batch_sizes or _default_graph_sizes(opts.max_batch_size)
             sizes = [s for s in sizes if 1 <= s <= opts.max_batch_size]
-            self.graphs = DecodeGraphs(self._forward, sizes, self.page_table.width, self.device)
+            self.graphs = DecodeGraphs(self._model_forward, self.attn.plan, sizes, self.page_table.width,
+                                       self.device)
         self._build_seconds = time.perf_counter() - start
         return self
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        self.attn.plan(batch)
+        return self._model_forward(batch)
+
+    def _model_forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.model.forward(batch, self.attn, self.kv)
 
     # ---- public API --------------------------------------------------------------------------------------------
@@ -201,7 +207,7 @@ class Engine:
 
     def _extend_batch(self, items: list[tuple[Request, list[int], int]], all_rows: bool) -> ForwardBatch:
         """items: (request, new tokens, position of the first new token)."""
-        ids, positions, slots, logit_rows, ext, seq = [], [], [], [], [], []
+        ids, positions, slots, logit_rows, ext, seq, pages = [], [], [], [], [], [], []
         ps = self.options.page_size
         for r, tokens, start in items:
             ids += tokens
@@ -212,13 +218,14 @@ class Engine:
             logit_rows += range(end - len(tokens), end) if all_rows else [end - 1]
             ext.append(len(tokens))
             seq.append(start + len(tokens))
+            pages.append(tuple(r.pages[: math.ceil(seq[-1] / ps)]))
         width = math.ceil(max(seq) / ps)
         dev = self.device
         return ForwardBatch(
             False, _tensor(ids, dev), _tensor(positions, dev), _tensor(slots, dev),
             _tensor(seq, dev, torch.int32),
             self.page_table.table.index_select(0, _tensor([r.row for r, _, _ in items], dev))[:, :width],
-            _tensor(logit_rows, dev), tuple(ext), tuple(seq))
+            _tensor(logit_rows, dev), tuple(ext), tuple(seq), tuple(pages))
 
     def _decode(self, running: list[Request]) -> torch.Tensor:
         self._counters["decode_steps"] += 1
@@ -228,13 +235,16 @@ class Engine:
         if padded:
             cols += [(0, 0, 0, 1, 0)] * (padded - bs)  # padding rows read/write the reserved page 0
         packed = torch.tensor(cols, dtype=torch.int64).T.contiguous().to(self.device, non_blocking=True)
+        seq_lens = tuple(c[3] for c in cols)
+        pages = tuple(tuple(r.pages[: math.ceil(r.seq_len / ps)]) for r in running) + ((0,),) * (len(cols) - bs)
         if padded:
             self._counters["graph_replays"] += 1
-            return self.graphs.replay(packed[:4], self.page_table.table.index_select(0, packed[4]), bs)
+            return self.graphs.replay(packed[:4], self.page_table.table.index_select(0, packed[4]), bs, seq_lens,
+                                      pages)
         width = math.ceil(max(r.seq_len for r in running) / ps)
         batch = ForwardBatch(True, packed[0], packed[1], packed[2], packed[3].to(torch.int32),
                              self.page_table.table.index_select(0, packed[4])[:, :width],
-                             torch.arange(bs, device=self.device))
+                             torch.arange(bs, device=self.device), seq_lens_host=seq_lens, page_ids_host=pages)
         return self._forward(batch)
 
     def _advance(self, reqs: list[Request], logits: torch.Tensor) -> None:

@@ -44,7 +44,8 @@ class DecoderLayer:
             k = ops.rmsnorm(k, self.k_norm, cfg.rms_norm_eps)
         q, k = ops.rope(batch.positions, q, k, cos_sin)
         kv.store(self.index, batch.out_slots, k, v)
-        hidden = F.linear(attn.forward(self.index, q, batch, kv), self.o_proj)
+        attn_out = attn.forward(self.index, q, batch, kv)
+        hidden = F.linear(attn_out, self.o_proj)
 
         hidden, residual = ops.add_rmsnorm(hidden, residual, self.post_attn_norm, cfg.rms_norm_eps)
         hidden = F.linear(ops.silu_and_mul(F.linear(hidden, self.gate_up)), self.down)

@@ -158,8 +158,8 @@ def test_long_prefill_runs_as_flash_attention():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     model_dir = resolve_model("qwen3-0.6b-random")
-    eng = E.Engine(model_dir, E.EngineOptions(max_batch_size=1, max_seq_len=16384 + 8,
-                                              use_cuda_graphs=False)).build()
+    eng = E.Engine(model_dir, E.EngineOptions(max_batch_size=1, max_seq_len=16384 + 8, use_cuda_graphs=False,
+                                              attention_backend="triton")).build()
     prompt = torch.randint(100, 20000, (16384,), generator=torch.Generator().manual_seed(1)).tolist()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
