@@ -6,6 +6,8 @@ Policy, in order:
    their code), unless already in this engine or blocked;
 3. otherwise apply the next untried transformation, in library order rotated by the chain index (so chains
    explore different things first), until the budget's max_transformations apply or max_attempts are spent.
+A transformation is tried only once its prerequisites are in the engine, and not at all once one that supersedes
+it is.
 """
 from __future__ import annotations
 
@@ -57,6 +59,11 @@ class OfflineAgent:
         attempted: list[str] = []
         skipped_peer: list[str] = []
 
+        def ready(name: str) -> bool:
+            t = self.library[name]
+            superseded = any(name in self.library[p].supersedes for p in present)
+            return set(t.prerequisites) <= present and not superseded
+
         def attempt(name: str) -> bool:
             attempted.append(name)
             result = apply_transformation(workspace.root, self.base_dir, self.library[name])
@@ -76,6 +83,9 @@ class OfflineAgent:
             if name in blocked:
                 skipped_peer.append(f"`{name}` (from {chain}): failed or rejected earlier in this chain")
                 continue
+            if not ready(name):
+                skipped_peer.append(f"`{name}` (from {chain}): its prerequisites are missing or it is superseded")
+                continue
             if attempt(name):
                 adopted.append(Adoption(name, chain))
 
@@ -84,7 +94,7 @@ class OfflineAgent:
             for name in exploration_order(list(self.library), context.chain_index):
                 if len(applied) >= budget.max_transformations or len(attempted) >= budget.max_attempts:
                     break
-                if name in present or name in blocked:
+                if name in present or name in blocked or not ready(name):
                     continue
                 if attempt(name):
                     applied.append(name)

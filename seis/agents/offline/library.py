@@ -1,6 +1,7 @@
 """The offline agent's transformation library: one directory per transformation, kept outside the engine.
 
-    library/<name>/meta.yaml   name, rationale, expected_effect, target_files (+ gpu_only, numerics, verified)
+    library/<name>/meta.yaml   name, rationale, expected_effect, target_files
+                               (+ gpu_only, numerics, verified, prerequisites, supersedes)
     library/<name>/patch.diff  a unified diff against E0 (engine_template/), paths a/<file> b/<file>
 """
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Transformation:
     gpu_only: bool = False         # the changed code runs only on CUDA (CPU tests exercise only its import)
     numerics: str = "identical"    # how outputs compare with E0's
     verified: str = ""             # what was checked, where
+    prerequisites: tuple[str, ...] = ()  # transformations that must already be in the engine
+    supersedes: tuple[str, ...] = ()     # transformations this one replaces (they are not tried once it is in)
     path: Path | None = None
 
     def describe(self) -> str:
@@ -56,11 +59,25 @@ def load_transformation(d: Path) -> Transformation:
         raise ValueError(f"{d}: target_files {list(targets)} differ from the files the patch touches {in_patch}")
     return Transformation(meta["name"], meta["rationale"], meta["expected_effect"], targets, patch,
                           bool(meta.get("gpu_only", False)), str(meta.get("numerics", "identical")),
-                          str(meta.get("verified", "")), d)
+                          str(meta.get("verified", "")), _names(meta, "prerequisites", d),
+                          _names(meta, "supersedes", d), d)
+
+
+def _names(meta: dict, key: str, d: Path) -> tuple[str, ...]:
+    value = meta.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{d}: {key} must be a list of transformation names")
+    return tuple(sorted(value))
 
 
 def load_library(root: str | Path = LIBRARY_DIR) -> tuple[Transformation, ...]:
     """Every transformation under root, sorted by name (the base of every deterministic order)."""
     root = Path(root)
     dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
-    return tuple(load_transformation(d) for d in dirs)
+    library = tuple(load_transformation(d) for d in dirs)
+    known = {t.name for t in library}
+    for t in library:
+        unknown = sorted((set(t.prerequisites) | set(t.supersedes)) - known)
+        if unknown:
+            raise ValueError(f"{t.path}: names transformations not in the library: {', '.join(unknown)}")
+    return library

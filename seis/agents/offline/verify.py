@@ -46,6 +46,10 @@ def run_engine(engine_dir: Path, model_dir: Path, device: str, new_tokens: int =
         out = {"greedy": [g["token_ids"] for g in eng.generate(PROMPTS, greedy)],
                "sampled": [g["token_ids"] for g in eng.generate(PROMPTS, sampled)]}
         conts = out["greedy"]
+        # Natural lengths: EOS, a stop id taken from the greedy outputs, max_new_tokens; more requests than slots.
+        stop = Sampling(max_new_tokens=3 * new_tokens, stop_token_ids=(conts[0][new_tokens // 2],))
+        out["natural"] = [(g["token_ids"], g["finish_reason"]) for g in
+                          eng.generate(PROMPTS * 2, [Sampling(max_new_tokens=3 * new_tokens), stop] * len(PROMPTS))]
         out["score"] = eng.score(PROMPTS, conts, top_k=5)
         out["verify"] = eng.verify([p + c[:1] for p, c in zip(PROMPTS, conts)], [c[1:6] for c in conts], top_k=5)
     return out
@@ -59,7 +63,7 @@ def _max_abs(a: list[dict], b: list[dict], key: str) -> float:
 
 def compare(ref: dict, cand: dict) -> dict:
     return {
-        "greedy_equal": ref["greedy"] == cand["greedy"],
+        "greedy_equal": ref["greedy"] == cand["greedy"] and ref["natural"] == cand["natural"],
         "sampled_equal": ref["sampled"] == cand["sampled"],
         "score_top_ids_equal": [s["top_ids"] for s in ref["score"]] == [s["top_ids"] for s in cand["score"]],
         "score_max_abs_diff": _max_abs(ref["score"], cand["score"], "token_logprobs"),

@@ -1,0 +1,95 @@
+"""Carry the library's patches onto a changed E0: each patch was made against E0 at a git revision; its changes
+are 3-way merged onto today's engine_template/ and written back as a patch against it.
+
+    python -m seis.agents.offline.rebase --from REV [--names a,b]
+    python -m seis.agents.offline.rebase --from-dir OLD_E0_DIR [--names a,b]
+
+A transformation whose merge conflicts is left as it is and named on stderr (it must be redone by hand).
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ...engine_import import ENGINE_TEMPLATE
+from .library import Transformation, load_library
+from .merge import _git, _patched, merge_file
+
+REPO = ENGINE_TEMPLATE.parent
+
+
+def _old_tree(rev: str, files: tuple[str, ...], dest: Path) -> Path:
+    prefix = ENGINE_TEMPLATE.relative_to(REPO).as_posix()
+    for rel in files:
+        done = subprocess.run([_git(), "show", f"{rev}:{prefix}/{rel}"], cwd=REPO, capture_output=True)
+        if done.returncode == 0:  # absent at rev: a file the patch creates
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(done.stdout)
+    return dest
+
+
+def unified_diff(base_dir: Path, files: dict[str, bytes]) -> str:
+    """A patch from base_dir to `files` (rel -> new bytes), paths a/<rel> b/<rel>."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="seis-rebase-") as tmp:
+        for rel, data in sorted(files.items()):
+            for side, content in (("a", (base_dir / rel).read_bytes() if (base_dir / rel).is_file() else None),
+                                  ("b", data)):
+                if content is not None:
+                    (Path(tmp) / side / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (Path(tmp) / side / rel).write_bytes(content)
+            old = f"a/{rel}" if (base_dir / rel).is_file() else "/dev/null"
+            done = subprocess.run([_git(), "diff", "--no-index", "--no-color", "--no-prefix", old, f"b/{rel}"],
+                                  cwd=tmp, capture_output=True, text=True)
+            if done.returncode > 1:
+                raise RuntimeError(done.stderr)
+            out += [line for line in done.stdout.splitlines(keepends=True) if not line.startswith("index ")]
+    return "".join(out)
+
+
+def rebase(t: Transformation, rev: str | None = None, old_dir: Path | None = None) -> str | None:
+    """The patch carried onto today's E0 from E0 at git revision `rev` (or in `old_dir`); None on a conflict."""
+    with tempfile.TemporaryDirectory(prefix="seis-rebase-old-") as tmp:
+        old = Path(old_dir) if old_dir is not None else _old_tree(rev, t.target_files, Path(tmp))
+        patched = _patched(str(old), t.name, t.patch, t.target_files)
+        new_files: dict[str, bytes] = {}
+        for rel, (base, theirs) in patched.items():
+            current = ENGINE_TEMPLATE / rel
+            if base is None or not current.is_file():
+                new_files[rel] = theirs
+                continue
+            merged, conflicts = merge_file(current.read_bytes(), base, theirs)
+            if conflicts:
+                return None
+            new_files[rel] = merged
+    return unified_diff(ENGINE_TEMPLATE, new_files)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from", dest="rev", help="git revision of E0 the patches were made against")
+    src.add_argument("--from-dir", type=Path, help="a copy of the E0 tree the patches were made against")
+    ap.add_argument("--names", default="")
+    args = ap.parse_args()
+    names = {n for n in args.names.split(",") if n}
+    failed = []
+    for t in load_library():
+        if names and t.name not in names:
+            continue
+        patch = rebase(t, args.rev, args.from_dir)
+        if patch is None:
+            failed.append(t.name)
+        elif patch != t.patch:
+            (t.path / "patch.diff").write_text(patch, encoding="utf-8")
+            print(f"rebased {t.name}")
+    if failed:
+        print("conflicts (left unchanged): " + ", ".join(failed), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
