@@ -1,0 +1,115 @@
+"""Single-request decode throughput of E0 (per attention backend), of each library transformation alone on E0, and
+of the transformations stacked in a given order, all in one run.
+
+    python -m seis.benchmarks.ladder --model qwen3-0.6b-random [--order a,b,c] [--alone] [--reps 3] [--json F]
+
+Every engine runs in its own sandboxed process (as the gate runs candidates) and all are alive at once; each
+repetition times every engine once, interleaved, on a fresh prompt, so drift hits them alike. Throughput counts
+the forced new tokens over the wall time of the whole request (prefill included). Each engine's greedy tokens are
+compared with E0's on the same prompts (the length of the common prefix is reported).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from ..agents.offline.library import load_library
+from ..agents.offline.verify import build_candidate
+from ..engine_import import ENGINE_TEMPLATE
+from .engine_speed import _commit
+from .stats import fmt_range, summarize
+
+
+def systems(order: list[str], alone: bool, backends: list[str], work: Path) -> dict[str, tuple[Path, dict]]:
+    """name -> (engine dir, engine options)."""
+    library = {t.name: t for t in load_library()}
+    unknown = [n for n in order if n not in library]
+    if unknown:
+        raise SystemExit(f"not in the library: {', '.join(unknown)} (known: {', '.join(sorted(library))})")
+    out = {"E0": (ENGINE_TEMPLATE, {})}
+    for b in backends:
+        out[f"E0 ({b} attention)"] = (ENGINE_TEMPLATE, {"attention_backend": b})
+    for name in order if alone else []:
+        out[f"E0 + {name}"] = (build_candidate(work / f"alone-{name}", [library[name]]), {})
+    for i in range(2 if alone else 1, len(order) + 1):
+        steps = order[:i]
+        out["E0 + " + " + ".join(steps)] = (build_candidate(work / f"stack-{i}", [library[n] for n in steps]), {})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-0.6b-random")
+    ap.add_argument("--order", default="", help="comma-separated transformations, stacked in this order")
+    ap.add_argument("--alone", action="store_true", help="also each transformation alone on E0")
+    ap.add_argument("--backends", default="", help="E0 also with these attention backends, e.g. triton,torch")
+    ap.add_argument("--prompt-len", type=int, default=100)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from ..engine_host import EngineProcess
+    from ..engine_host.client import Sampling
+    from ..models import resolve_model
+
+    model_dir = resolve_model(args.model)
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, min(vocab, 20000), (args.prompt_len,), generator=gen).tolist()
+               for _ in range(args.reps + 1)]  # one per repetition (+ warm-up): nothing is served twice
+    sampling = Sampling(max_new_tokens=args.new_tokens, ignore_eos=True)
+    options = {"max_batch_size": 8, "max_seq_len": 2048}
+    order = [n for n in args.order.split(",") if n]
+    backends = [b for b in args.backends.split(",") if b]
+    with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache:
+        engines = {name: EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900, cache_dir=Path(cache))
+                   for name, (d, opts) in systems(order, args.alone, backends, Path(tmp)).items()}
+        try:
+            info, tokens, times = {}, {n: [] for n in engines}, {n: [] for n in engines}
+            for name, eng in engines.items():
+                eng.start()
+                info[name] = {"build": eng.build(), "options": eng.options}
+            for rep, prompt in enumerate(prompts):
+                for name, eng in engines.items():
+                    t0 = time.perf_counter()
+                    out = eng.generate([prompt], sampling)[0]["token_ids"]
+                    dt = time.perf_counter() - t0
+                    if len(out) != args.new_tokens:
+                        raise SystemExit(f"{name} returned {len(out)} tokens, not {args.new_tokens}")
+                    tokens[name].append(out)
+                    if rep:  # the first prompt warms every engine up
+                        times[name].append(args.new_tokens / dt)
+        finally:
+            for eng in engines.values():
+                eng.close()
+    ref = tokens["E0"]
+    agreement = {n: [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(t, ref)]
+                 for n, t in tokens.items()}
+    e0 = summarize(times["E0"])["median"]
+    result = {
+        "benchmark": "ladder", "model": args.model, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+        "reps": args.reps, "commit": _commit(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "tok_per_s": {n: summarize(v) for n, v in times.items()},
+        "speedup_vs_e0": {n: summarize([x / e0 for x in v]) for n, v in times.items()},
+        "greedy_prefix_equal_to_e0": agreement,
+        "engines": info,
+    }
+    print(f"{result['device']}, {args.model}, prompt {args.prompt_len}, {args.new_tokens} forced new tokens, "
+          f"median (min–max) of {args.reps}, commit {result['commit']}:")
+    for n, s in result["tok_per_s"].items():
+        print(f"  {n:60s} {fmt_range(s)} tok/s  x{result['speedup_vs_e0'][n]['median']:.2f}  "
+              f"same-as-E0 prefix {min(agreement[n])}/{args.new_tokens}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
