@@ -143,3 +143,42 @@ def test_library_transformation_keeps_e0_outputs(verified, candidate):
     r = verified["candidates"][candidate]
     assert r["greedy_equal"] and r["sampled_equal"] and r["score_top_ids_equal"]
     assert r["score_max_abs_diff"] == 0.0 and r["verify_max_abs_diff"] == 0.0
+
+
+def test_a_superseded_transformation_is_not_tried(tmp_path):
+    superseding = [t for t in LIBRARY.values() if t.supersedes]
+    assert superseding, "the library has an entry that supersedes another"
+    t = superseding[0]
+    budget = Budget(max_transformations=len(NAMES), max_attempts=len(NAMES))
+    for i in range(len(NAMES)):  # every exploration order, trying everything it may
+        w = _ws(tmp_path, f"v{i}")
+        apply_transformation(w.root, ENGINE_TEMPLATE, t)
+        result = OfflineAgent().edit(w, SessionContext(f"c{i}", 2, chain_index=i, budget=budget))
+        assert result.attempted and not set(t.supersedes) & set(result.attempted)
+
+
+def test_rebase_carries_a_patch_onto_a_changed_e0(tmp_path):
+    from seis.agents.offline.library import Transformation
+    from seis.agents.offline.rebase import rebase, unified_diff
+
+    def copy(name):
+        copy_tree(ENGINE_TEMPLATE, tmp_path / name)
+        return tmp_path / name
+
+    t = LIBRARY["batched-scoring"]
+    old = copy("old")
+    engine_py = old / "engine" / "engine.py"
+    line = "        tokens = chosen.tolist()\n"  # context of the patch's hunk: the stale patch cannot apply to today's E0
+    assert line in engine_py.read_text()
+    engine_py.write_text(engine_py.read_text().replace(line, line[:-1] + "  # an older E0\n"))
+    made_on_old = tmp_path / "old-patched"
+    copy_tree(old, made_on_old)
+    assert apply_transformation(made_on_old, ENGINE_TEMPLATE, t).outcome == "applied"  # t, carried onto old
+    old_patch = unified_diff(old, {"engine/engine.py": (made_on_old / "engine" / "engine.py").read_bytes()})
+    stale = Transformation(t.name, t.rationale, t.expected_effect, t.target_files, old_patch)
+    assert merge_transformation(copy("e0"), ENGINE_TEMPLATE, stale).outcome == "error"
+    carried = Transformation(t.name, t.rationale, t.expected_effect, t.target_files, rebase(stale, old_dir=old))
+    a, b = copy("a"), copy("b")
+    assert apply_transformation(a, ENGINE_TEMPLATE, carried).outcome == "applied"
+    assert apply_transformation(b, ENGINE_TEMPLATE, t).outcome == "applied"
+    assert tree_hash(a) == tree_hash(b)

@@ -22,10 +22,13 @@ def _hf(model_dir, dtype):
 
 
 def _hf_greedy(hf, prompt, n):
+    """n greedy tokens by full forward passes. EOS is an ordinary token here, as with ignore_eos: HF's generate
+    with min_new_tokens would mask it instead, and the random models emit EOS often."""
+    ids = list(prompt)
     with torch.inference_mode():
-        out = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        for _ in range(n):
+            ids.append(int(hf(torch.tensor([ids], device="cuda")).logits[0, -1].argmax()))
+    return ids[len(prompt):]
 
 
 def _hf_logprobs(hf, prompt, cont):

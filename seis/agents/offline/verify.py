@@ -81,8 +81,9 @@ def verify(model: str = "tiny-qwen3", device: str = "cpu", names: list[str] | No
     with tempfile.TemporaryDirectory(prefix="seis-verify-") as tmp:
         root = Path(work_dir or tmp)
         candidates = {t.name: [t] for t in chosen}
-        if include_all and len(chosen) > 1:
-            candidates["all"] = chosen
+        if include_all and len(chosen) > 1:  # all in sequence, less what another chosen one supersedes
+            superseded = {s for t in chosen for s in t.supersedes}
+            candidates["all"] = [t for t in chosen if t.name not in superseded]
         dirs = {name: build_candidate(root / name, ts) for name, ts in candidates.items()}
         dirs["E0"] = ENGINE_TEMPLATE
         with ThreadPoolExecutor(max_workers=len(dirs)) as pool:

@@ -1,0 +1,76 @@
+"""Where a decode token's GPU time goes: kernel launches and summed kernel time per output token (torch profiler),
+for one engine, one request.
+
+    python -m seis.benchmarks.kernel_profile [--engine-dir DIR] [--model qwen3-0.6b-random] [--json F]
+
+The engine runs in this process (the profiler needs it); run one process per engine to compare engines. Timed:
+one request, a 100-token prompt and N forced new tokens after a warm-up request; the prefill's kernels are
+counted too (they are part of the request), so use enough new tokens for the per-token figures to mean decode.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from .engine_speed import _commit
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-0.6b-random")
+    ap.add_argument("--engine-dir", type=Path, default=None, help="default: engine_template (E0)")
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--prompt-len", type=int, default=100)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..engine_import import ENGINE_TEMPLATE, import_engine
+    from ..models import resolve_model
+
+    if not torch.cuda.is_available():
+        raise SystemExit("kernel_profile needs a CUDA device")
+    model_dir = resolve_model(args.model)
+    E = import_engine(args.engine_dir or ENGINE_TEMPLATE)
+    eng = E.Engine(model_dir, E.EngineOptions(max_batch_size=8, max_seq_len=2048)).build()
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 20000, (args.prompt_len,), generator=gen).tolist() for _ in range(2)]
+    sp = E.SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    eng.generate([prompts[0]], sp)  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng.generate([prompts[1]], sp)
+        torch.cuda.synchronize()
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith(("Memcpy", "Memset")):
+            per_kernel[ev.name][0] += 1
+            per_kernel[ev.name][1] += ev.device_time_total  # microseconds
+    launches = sum(c for c, _ in per_kernel.values())
+    total_us = sum(t for _, t in per_kernel.values())
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[: args.top]
+    n = args.new_tokens
+    result = {
+        "benchmark": "kernel_profile", "label": args.label or str(args.engine_dir or "E0"), "model": args.model,
+        "commit": _commit(), "device": torch.cuda.get_device_name(), "new_tokens": n,
+        "kernels_per_token": launches / n, "kernel_us_per_token": total_us / n,
+        "attention_backend": eng.stats()["attention_backend"],
+        "top": [{"kernel": k[:90], "calls_per_token": c / n, "us_per_token": t / n} for k, (c, t) in top],
+    }
+    print(f"{result['label']}: {result['kernels_per_token']:.1f} kernels and {result['kernel_us_per_token']:.0f} µs "
+          f"of kernel time per output token ({result['device']}, {args.model}, {n} tokens)")
+    for row in result["top"]:
+        print(f"  {row['us_per_token']:8.1f} µs  {row['calls_per_token']:6.1f}x  {row['kernel']}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
