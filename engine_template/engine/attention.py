@@ -88,6 +88,9 @@ class TritonAttention(TorchAttention):
         return out.flatten(1)
 
 
+FLASHINFER_HEAD_DIMS = (64, 128, 256)  # what its decode and merge kernels are built for
+
+
 def select_attention(preferred: str, device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
                      head_dim: int, max_batch_size: int, page_size: int, max_pages_per_request: int
                      ) -> TorchAttention:
@@ -98,8 +101,10 @@ def select_attention(preferred: str, device: torch.device, dtype: torch.dtype, n
         raise ValueError(f"the {preferred} attention backend needs a CUDA device")
     if preferred == "flashinfer" and dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"the flashinfer attention backend needs bfloat16 or float16, not {dtype}")
-    if preferred == "flashinfer" or (preferred == "auto" and device.type == "cuda"
-                                     and dtype in (torch.bfloat16, torch.float16)):
+    if preferred == "flashinfer" and head_dim not in FLASHINFER_HEAD_DIMS:
+        raise ValueError(f"the flashinfer attention backend supports head_dim {FLASHINFER_HEAD_DIMS}, not {head_dim}")
+    fits_flashinfer = head_dim in FLASHINFER_HEAD_DIMS and dtype in (torch.bfloat16, torch.float16)
+    if preferred == "flashinfer" or (preferred == "auto" and device.type == "cuda" and fits_flashinfer):
         try:
             from .flashinfer_attention import FlashInferAttention
             return FlashInferAttention(num_heads, num_kv_heads, head_dim, page_size, max_pages_per_request, dtype,
