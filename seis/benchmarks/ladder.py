@@ -40,6 +40,11 @@ def systems(order: list[str], alone: bool, backends: list[str], work: Path) -> d
     return out
 
 
+def _fresh_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-0.6b-random")
@@ -68,8 +73,10 @@ def main(argv: list[str] | None = None) -> dict:
     order = [n for n in args.order.split(",") if n]
     backends = [b for b in args.backends.split(",") if b]
     with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache:
-        engines = {name: EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900, cache_dir=Path(cache))
-                   for name, (d, opts) in systems(order, args.alone, backends, Path(tmp)).items()}
+        # One JIT cache per engine: each sandbox runs as its own user, and no engine may write another's cache.
+        engines = {name: EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900,
+                                       cache_dir=_fresh_dir(Path(cache) / f"engine-{i}"))
+                   for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp)).items())}
         try:
             info, tokens, times = {}, {n: [] for n in engines}, {n: [] for n in engines}
             for name, eng in engines.items():
