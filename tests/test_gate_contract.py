@@ -346,3 +346,19 @@ def test_new_sizes_default_cheap_and_validated() -> None:
     assert H.TINY_CHECKS.late_tokens == 300 and H.TINY_CHECKS.n_long == 2
     with pytest.raises(ValueError):
         CheckSizes(sampling_top_k=64)
+
+
+def test_natural_length_counts_only_outputs_that_agree_up_to_a_stop() -> None:
+    from seis.evaluator.checks import length_ratio
+
+    def out(ids, finish="stop"):
+        return GenerationOut(token_ids=ids, finish_reason=finish)
+
+    ref = [out([1, 2, 3, 0]), out([4, 5, 0]), out([6, 7, 8, 9, 0])]
+    # A missed stop (same tokens, then more) and a cut (a prefix) are counted ...
+    assert length_ratio(ref, [out([1, 2, 3, 0, 5, 5], "length"), ref[1], ref[2]], [True] * 3) == 14 / 12
+    assert length_ratio(ref, [out([1, 2], "length"), ref[1], ref[2]], [True] * 3) == 10 / 12
+    # ... a rounding divergence is a different text: its length is not compared (its tokens are, elsewhere).
+    assert length_ratio(ref, [out([1, 9, 9, 9, 9, 9, 9, 0]), ref[1], ref[2]], [True] * 3) == 1.0
+    assert length_ratio(ref, [out([9, 0]), out([9, 0]), out([9, 0])], [True] * 3) == 1.0
+    assert length_ratio(ref, [out([1, 2], "length"), ref[1], ref[2]], [False, True, True]) == 1.0

@@ -104,11 +104,20 @@ def greedy_agreement(ref: Sequence[GenerationOut], cand: Sequence[GenerationOut 
 
 def length_ratio(ref: Sequence[GenerationOut], cand: Sequence[GenerationOut | None] | None,
                  natural: Sequence[bool]) -> float:
-    """sum(len cand) / sum(len ref) over natural-length (EOS on) requests; 1.0 when there are none."""
+    """sum(len cand) / sum(len ref) over natural-length (EOS on) requests whose outputs agree up to the shorter
+    one's end; 1.0 when there are none. Only there is a length difference a stopping fault (a missed stop, or a
+    cut without one): once two greedy outputs diverge by rounding, each is a different text with its own length,
+    and its tokens, the stop included, are judged one by one against the reference (greedy_valid, stops)."""
     cand = list(cand or [])
-    idx = [i for i, nat in enumerate(natural) if nat and i < len(ref)]
-    total_r = sum(len(ref[i].token_ids) for i in idx)
-    total_c = sum(len(cand[i].token_ids) for i in idx if i < len(cand) and cand[i] is not None)
+    total_r = total_c = 0
+    for i, nat in enumerate(natural):
+        if not nat or i >= len(ref) or i >= len(cand) or cand[i] is None:
+            continue
+        r, c = ref[i].token_ids, cand[i].token_ids
+        n = min(len(r), len(c))
+        if list(r[:n]) == list(c[:n]):
+            total_r += len(r)
+            total_c += len(c)
     return total_c / total_r if total_r else 1.0
 
 
