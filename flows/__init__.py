@@ -1,1 +1,4 @@
-"""Prefect flows: protocol scheduling and fan-in; no logic of their own."""
+"""Prefect flows of SEIS."""
+from .runtime import apply as _apply_prefect_defaults
+
+_apply_prefect_defaults()

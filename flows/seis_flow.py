@@ -6,89 +6,242 @@
               retained engine and reports; the agent decides what to adopt.
 
 Chains run concurrently (sessions are submitted together each round); build + gate steps queue on the GPU limit.
+
+Parameters: every RunConfig field is a parameter of its own (`--param chains=2`), on top of an optional whole
+`config` (a dict, or a RunConfig in-process); `resume=RUN_DIR` continues an interrupted run from its recorded
+config, redoing only the sessions it had not finished. The rules (who inherits what, what is finished, what is
+retained) live in seis.session; this module only dispatches them.
 """
 from __future__ import annotations
+
+from typing import Literal, Optional
 
 from prefect import flow, tags, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.futures import wait
+from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
+from flows.runtime import quiet_thread_timeout_notice
 from seis.config import RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
-from seis.session import ChainState, RunDir, SessionSpec, fan_in, pick_best
-from seis.session.display import rounded, run_tags, summary_artifact_markdown
+from seis.session import (ChainState, RunDir, initial_states, pick_best, session_spec, upstream_is_vanilla)
+from seis.session.display import rounded, run_label, run_tags, session_markdown, summary_artifact_markdown
+from seis.session.params import ParameterError, resolve_config
+from seis.session.preflight import preflight_run
+from seis.session.protocol import gather_peers, pin_vanilla
+from seis.session.resources import scratch
+from seis.session.resume import clear, finished, still_valid
 from seis.store import SnapshotStore
 from tasks.artifacts import stable_key
-from tasks.gpu import ensure_gpu_limit
+from tasks.cleanup import release_run
+from tasks.gpu import ensure_gpu_limit, registry
 from tasks.postval import post_validate_task
 from tasks.session import session_task
 
+quiet_thread_timeout_notice()
+
+RESUME_HINT = "the flow parameter resume={out} (CLI: seis evolve --resume {out})"
+
+
+class RunFailed(RuntimeError):
+    pass
+
 
 @task(name="snapshot-vanilla", task_run_name="snapshot-vanilla", cache_policy=NO_CACHE)
-def snapshot_vanilla_task(config: RunConfig) -> str:
-    return SnapshotStore(config.store).put(config.base_engine or ENGINE_TEMPLATE, {"role": "vanilla"})
+def snapshot_vanilla_task(config: RunConfig, run: RunDir) -> str:
+    return pin_vanilla(SnapshotStore(config.store), run, config.base_engine or ENGINE_TEMPLATE)
 
 
 @task(name="fan-in", task_run_name="s{session} fan-in", cache_policy=NO_CACHE)
 def fan_in_task(config: RunConfig, states: dict[str, ChainState], session: int) -> dict:
     """Gather every chain's latest retained engine and reports; each chain gets all of its peers'."""
-    store = SnapshotStore(config.store)
-    sync_dir = RunDir(config.out).root / "syncs" / f"{session:03d}"
-    dirs = {c: store.get(s.snapshot, sync_dir / c) for c, s in states.items()}
-    return fan_in(states, dirs)
+    return gather_peers(SnapshotStore(config.store), RunDir(config.out), states, session)
 
 
-@flow(name="seis", log_prints=True)
-def seis(config: RunConfig) -> str:
+@flow(name="seis", log_prints=True, on_cancellation=[release_run], on_crashed=[release_run])
+def seis(config: Optional[RunConfig | dict] = None,
+         resume: Optional[str] = None,
+         protocol: Optional[Literal["branching", "chain", "sync-chain"]] = None,
+         chains: Optional[int] = None,
+         sessions: Optional[int] = None,
+         sync_every: Optional[int] = None,
+         model: Optional[str] = None,
+         agent: Optional[Literal["offline", "anthropic", "openai", "cli"]] = None,
+         gate: Optional[Literal["smoke", "quick", "full"]] = None,
+         device: Optional[Literal["auto", "cpu", "cuda"]] = None,
+         seed: Optional[int] = None,
+         post_validate: Optional[Literal["off", "quick", "full"]] = None,
+         out: Optional[str] = None,
+         store: Optional[str] = None,
+         base_engine: Optional[str] = None,
+         agent_library: Optional[str] = None,
+         max_transformations: Optional[int] = None,
+         agent_model: Optional[str] = None,
+         agent_base_url: Optional[str] = None,
+         agent_command: Optional[str] = None,
+         max_turns: Optional[int] = None,
+         max_tokens: Optional[int] = None,
+         max_cost_usd: Optional[float] = None,
+         prompt_template: Optional[str] = None,
+         agent_prices: Optional[dict[str, list[float]]] = None,
+         agent_max_retries: Optional[int] = None,
+         agent_wall_s: Optional[float] = None,
+         agent_network: Optional[Literal["none", "api", "host"]] = None,
+         agent_api_endpoints: Optional[list[str]] = None,
+         agent_pass_env: Optional[list[str]] = None,
+         ):
     """Run one SEIS evolution; returns the run directory (summary.parquet, summary.md, per-session files).
+
+    Every parameter left unset takes `config`'s value, else RunConfig's default. `resume`: a run directory to
+    continue (its config.json wins over the other parameters; differing ones are logged as ignored).
 
     Task runs are named `c0/s1 <step>` and tagged `chain:c0`, `session:1`. Values go to tasks `quote()`d and the
     graph's edges are given explicitly (`wait_for`): a session waits for its chain's previous session (or the
     vanilla snapshot) and, after a sync point, for the fan-in; a fan-in waits for every chain's latest session."""
-    config.preflight()
+    from prefect import get_run_logger
+    from prefect.runtime import flow_run
+
+    logger = get_run_logger()
+    overrides = {k: v for k, v in locals().items() if k in RunConfig.model_fields}
+    try:
+        resolved = resolve_config(config, overrides, resume)
+        run_config = resolved.config
+        memory = preflight_run(run_config, resume=resolved.resume, resume_hint=RESUME_HINT)
+    except (ParameterError, ValueError) as e:
+        return Failed(message=f"refused before any work: {e}")
+    if resolved.ignored:
+        logger.warning("resuming %s with its recorded config; ignored: %s", run_config.out,
+                       ", ".join(f"{k}={v!r}" for k, v in resolved.ignored.items()))
+    logger.info("memory: %s", memory.describe())
     ensure_gpu_limit()
-    run = RunDir.create(config.out, config.model_dump_json(indent=2))
-    vanilla_future = snapshot_vanilla_task.submit(quote(config))
+    run = RunDir.open(run_config.out) if resolved.resume else RunDir.create(run_config.out,
+                                                                           run_config.model_dump_json(indent=2))
+    try:
+        lock = run.lock().__enter__()
+    except TimeoutError:
+        status = run.status()
+        return Failed(message=f"{run.root} is in use by another flow (pid {status.pid if status else '?'}); "
+                              f"wait for it or cancel it first")
+    try:
+        return _run(run_config, run, resumed=resolved.resume, flow_run_id=str(flow_run.id))
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
+    old = run.status()
+    total = config.chains * config.sessions
+    run.set_status("running", sessions_total=total, message="",
+                   resumes=(old.resumes + 1) if (resumed and old is not None) else 0)
+    with scratch(run.root) as scratch_root:
+        registry().add_run(flow_run_id, run.root, scratch_root)
+        try:
+            vanilla, outcomes, failures = _sessions(config, run, resumed)
+            if failures:
+                message = "; ".join(failures)
+                run.set_status("failed", sessions_done=len(outcomes), message=message)
+                print(f"run stopped: {message}")
+                return Failed(message=f"{message} (the finished sessions are recorded; continue with "
+                                      f"{RESUME_HINT.format(out=run.root)})")
+            result = _finish(config, run, vanilla, outcomes)
+            run.set_status("complete", sessions_done=len(outcomes))
+            return result
+        except Exception as e:
+            run.set_status("failed", message=f"{type(e).__name__}: {e}")
+            raise
+        except BaseException as e:  # interrupted (SIGTERM, Ctrl-C): the run is resumable
+            run.set_status("crashed", message=f"interrupted ({type(e).__name__})")
+            raise
+        finally:
+            registry().drop_run(flow_run_id)
+
+
+def _sessions(config: RunConfig, run: RunDir, resumed: bool):
+    """Every round: the fan-in if due, then one session per chain; recorded sessions (resume) are not redone."""
+    store = SnapshotStore(config.store)
+    vanilla_future = snapshot_vanilla_task.submit(quote(config), quote(run))
     vanilla = vanilla_future.result()
-    states = {c: ChainState(c, vanilla) for c in config.chain_ids()}
+    states = initial_states(config, vanilla)
     latest = {c: vanilla_future for c in config.chain_ids()}     # each chain's last task run: its lineage
-    outcomes, done = [], {}
+    outcomes, failures, redone = [], [], set()
     for session in range(config.sessions):
+        recorded = {}
+        for chain in config.chain_ids():
+            parent = vanilla if upstream_is_vanilla(config) else states[chain].snapshot
+            outcome = finished(run.session_dir(chain, session), store) if resumed else None
+            if outcome is not None and still_valid(outcome, config.protocol, parent, redone):
+                recorded[chain] = outcome
+        todo = [c for c in config.chain_ids() if c not in recorded]
         peers, fan_in_future = {}, None
-        if config.is_sync_point(session):
+        if config.is_sync_point(session) and todo:
             with tags(*run_tags(session=session), "fan-in"):
                 fan_in_future = fan_in_task.submit(quote(config), quote(states), session,
                                                    wait_for=list(latest.values()))
             peers = fan_in_future.result()
         futures = {}
-        for index, chain in enumerate(config.chain_ids()):
-            state = states[chain] if config.protocol != "branching" else ChainState(chain, vanilla)
-            # branching sessions are all independent: spread them over the agent's exploration orders
-            explore = index if config.protocol != "branching" else session * config.chains + index
-            spec = SessionSpec(
-                run_id=config.run_id, chain=chain, chain_index=explore, session=session,
-                parent_snapshot=state.snapshot, vanilla_snapshot=vanilla, session_dir=run.session_dir(chain, session),
-                inherited=state.reports if config.protocol != "branching" else (),
-                peers=peers.get(chain, ()), synced_from=tuple(p.chain for p in peers.get(chain, ())))
-            upstream = [vanilla_future] if config.protocol == "branching" else [latest[chain]]
+        for chain in todo:
+            clear(run.session_dir(chain, session))    # what an interrupted attempt left: redone from its parent
+            spec = session_spec(config, run, vanilla, states, peers, session, chain)
+            upstream = [vanilla_future] if upstream_is_vanilla(config) else [latest[chain]]
             with tags(*run_tags(chain, session)):
                 futures[chain] = session_task.submit(quote(config), quote(spec), quote(config.store),
                                                      wait_for=upstream + [f for f in (fan_in_future,) if f])
-        for chain, future in futures.items():
-            outcome = future.result()
+        wait(list(futures.values()))
+        for chain in config.chain_ids():
+            if chain in recorded:
+                outcome = recorded[chain]
+                _recorded_artifact(outcome, run)
+                print(f"[{chain} s{session}] recorded by an earlier attempt: {outcome.verdict} ({outcome.snapshot})")
+            else:
+                redone.add(chain)
+                try:
+                    result = futures[chain].result()
+                except Exception as e:  # a bug or an orchestration failure: its traceback is in the task's log
+                    failures.append(f"{run_label(chain, session)}: {type(e).__name__}: {e}")
+                    continue
+                if result.outcome is None:
+                    failures.append(result.failure)
+                    continue
+                outcome = result.outcome
             outcomes.append(outcome)
-            done[(chain, session)] = future
             states[chain] = states[chain].after(outcome)
         latest.update(futures)
+        if failures:
+            break
+    return vanilla, outcomes, failures
+
+
+def _recorded_artifact(outcome, run: RunDir) -> None:
+    """A session finished by an earlier attempt shows in this flow run as it did there."""
+    from seis.evaluator import GateResult, render_gate_for_agents
+
+    session_dir = run.session_dir(outcome.chain, outcome.session)
+    gate_file = session_dir / "gate.json"
+    measurements = ""
+    if gate_file.is_file():
+        try:
+            measurements = render_gate_for_agents(GateResult.model_validate_json(gate_file.read_text()))
+        except ValueError:
+            pass
+    create_markdown_artifact(session_markdown(outcome, measurements, session_dir),
+                             key=stable_key("session", outcome.chain, f"s{outcome.session}"),
+                             description=f"SEIS session {outcome.chain}/s{outcome.session} of run "
+                                         f"{run.root.name}: {outcome.verdict} (recorded)")
+
+
+def _finish(config: RunConfig, run: RunDir, vanilla: str, outcomes) -> str:
     rows = [o.summary_row() for o in outcomes]
     run.write_summary(rows)
     figure = run.write_chain_figure()
     best = pick_best(outcomes)
     run.write_best(best.summary_row() if best else None)
     if config.post_validate != "off" and best is not None:
-        post_validate_task(quote(config), quote(best.snapshot), quote(vanilla), quote(best.dev_speedup_vs_vanilla),
-                           quote(run.root / "postval"), wait_for=[done[(best.chain, best.session)]])
+        postval_dir = run.root / "postval"
+        clear(postval_dir)                       # an interrupted post-validation is redone whole
+        post_validate_task(quote(config), quote(best.snapshot), quote(vanilla),
+                           quote(best.dev_speedup_vs_vanilla), quote(postval_dir))
     summary_md = (run.root / "summary.md").read_text()
     create_markdown_artifact(summary_artifact_markdown(config.run_id, config.protocol, run.root, summary_md, figure,
                                                        best),
@@ -97,3 +250,4 @@ def seis(config: RunConfig) -> str:
                           description=f"SEIS {config.protocol} run {config.run_id}: one row per session")
     print(summary_md)
     return str(run.root)
+

@@ -19,10 +19,11 @@ def _fail(message: str, code: int = 2) -> None:
 @models_app.command("list")
 def models_list() -> None:
     """List the named models and whether each is prepared."""
+    from tabulate import tabulate
+
     from .models import list_models
-    for entry in list_models():
-        state = "prepared" if entry.prepared else "not prepared"
-        typer.echo(f"{entry.spec.name:24s} {state:13s} {entry.spec.description}")
+    rows = [(e.spec.name, "prepared" if e.prepared else "not prepared", e.spec.description) for e in list_models()]
+    typer.echo(tabulate(rows, tablefmt="plain"))
 
 
 @models_app.command("prepare")
@@ -84,7 +85,7 @@ def gate(
 ) -> None:
     """Judge a candidate engine against the reference: correctness checks (dev and held-out), dev speed, verdict.
     Exit 0 pass, 1 fail, 2 bad input."""
-    from .evaluator import GateConfig, GateInputError, ReferenceFailure, render_gate, run_gate
+    from .evaluator import GateConfig, GateInputError, HostFailure, ReferenceFailure, render_gate, run_gate
 
     if device not in ("auto", "cpu", "cuda"):
         _fail(f"--device must be auto, cpu or cuda, got {device!r}")
@@ -101,6 +102,8 @@ def gate(
         _fail(str(e))
     except ReferenceFailure as e:
         _fail(f"the reference engine failed, so no verdict was reached: {e}")
+    except HostFailure as e:
+        _fail(f"{e} (free memory and run the gate again)")
     if json_out is not None:
         json_out.write_text(result.model_dump_json(indent=2) + "\n")
     typer.echo(render_gate(result))
@@ -171,12 +174,15 @@ def post_validate(
 
 @app.command()
 def evolve(
-    protocol: str = typer.Option("sync-chain", help="branching, chain or sync-chain."),
-    chains: int = typer.Option(2, help="Number of chains (branching: parallel sessions per round)."),
-    sessions: int = typer.Option(4, help="Sessions per chain."),
-    sync_every: int = typer.Option(2, help="sync-chain: fan-in before every N-th session."),
-    model: str = typer.Option("tiny-qwen3", help="Model name (seis models list) or a local HF dir."),
-    agent: str = typer.Option("offline", help="offline (default; no key or network needed), anthropic, openai, cli."),
+    protocol: Optional[str] = typer.Option(None, help="branching, chain or sync-chain (default sync-chain)."),
+    chains: Optional[int] = typer.Option(None, help="Number of chains (branching: parallel sessions per round; "
+                                                    "default 2)."),
+    sessions: Optional[int] = typer.Option(None, help="Sessions per chain (default 4)."),
+    sync_every: Optional[int] = typer.Option(None, help="sync-chain: fan-in before every N-th session (default 2)."),
+    model: Optional[str] = typer.Option(None, help="Model name (seis models list) or a local HF dir (default "
+                                                   "tiny-qwen3)."),
+    agent: Optional[str] = typer.Option(None, help="offline (default; no key or network needed), anthropic, openai, "
+                                                   "cli."),
     agent_model: Optional[str] = typer.Option(None, help="LLM agents: model name (default per backend)."),
     agent_base_url: Optional[str] = typer.Option(None, help="LLM agents: API base URL (default: the SDK's env)."),
     agent_command: Optional[str] = typer.Option(None, help="cli agent: headless coding-agent command line."),
@@ -187,38 +193,51 @@ def evolve(
     max_turns: Optional[int] = typer.Option(None, help="LLM agents: API calls per session."),
     max_tokens: Optional[int] = typer.Option(None, help="LLM agents: tokens per session."),
     max_cost_usd: Optional[float] = typer.Option(None, help="LLM agents: USD per session."),
-    post_validate: str = typer.Option("off", help="After the run, post-validate the best engine: off, quick, full."),
-    gate: str = typer.Option("quick", help="Gate sizes: quick or full."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    seed: int = typer.Option(0),
+    post_validate: Optional[str] = typer.Option(None, help="After the run, post-validate the best engine: off "
+                                                           "(default), quick, full."),
+    gate: Optional[str] = typer.Option(None, help="Gate sizes: smoke, quick (default) or full."),
+    device: Optional[str] = typer.Option(None, help="auto (default), cpu or cuda."),
+    seed: Optional[int] = typer.Option(None, help="Seed (default 0)."),
     out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>); must be new or empty."),
-    store: Path = typer.Option(Path("store"), help="Snapshot store (DVC-tracked inside a DVC repo)."),
+    store: Optional[Path] = typer.Option(None, help="Snapshot store (default store/; DVC-tracked inside a DVC "
+                                                    "repo)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR",
+                                          help="Continue an interrupted run from its recorded config: finished "
+                                               "sessions are kept, the rest are redone."),
 ) -> None:
     """Run an evolution (the `seis` Prefect flow; no server needed) and print the summary table."""
-    from pydantic import ValidationError
-
-    from .config import RunConfig
-
     values = dict(protocol=protocol, chains=chains, sessions=sessions, sync_every=sync_every, model=model,
-                  agent=agent, gate=gate, device=device, seed=seed, store=store, post_validate=post_validate)
-    optional = dict(agent_model=agent_model, agent_base_url=agent_base_url, agent_command=agent_command,
-                    max_turns=max_turns, max_tokens=max_tokens, max_cost_usd=max_cost_usd, agent_network=agent_network,
-                    agent_pass_env=[n.strip() for n in agent_pass_env.split(",") if n.strip()]
-                    if agent_pass_env else None)
-    values |= {k: v for k, v in optional.items() if v is not None}  # unset: RunConfig's defaults (and env)
-    if out is not None:
-        values["out"] = out
-    try:
-        config = RunConfig(**values)
-        config.preflight()
-    except ValidationError as e:
-        _fail("; ".join(f"--{'-'.join(str(p) for p in err['loc']).replace('_', '-') or 'config'}: {err['msg']}"
-                        for err in e.errors()))
-    except ValueError as e:
-        _fail(str(e))
+                  agent=agent, gate=gate, device=device, seed=seed, store=store, post_validate=post_validate,
+                  out=out, agent_model=agent_model, agent_base_url=agent_base_url, agent_command=agent_command,
+                  max_turns=max_turns, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
+                  agent_network=agent_network,
+                  agent_pass_env=[n.strip() for n in agent_pass_env.split(",") if n.strip()]
+                  if agent_pass_env else None)
+    config = _evolve_preflight(values, resume)
     _ephemeral_prefect_home(config.out)
+    from flows.runtime import apply
+    apply()  # Prefect's settings, before Prefect is imported
     from flows.seis_flow import seis as seis_flow
-    typer.echo(f"run directory: {seis_flow(config)}")
+    state = seis_flow(**({"resume": str(resume)} if resume is not None else {"config": config}), return_state=True)
+    if not state.is_completed():  # one line, not the tracebacks (those are in the task runs' logs)
+        _fail(state.message or f"the run ended {state.name}", code=1)
+    typer.echo(f"run directory: {state.result()}")
+
+
+def _evolve_preflight(values: dict, resume: Optional[Path]):
+    """The run's config, validated, with the machine checked (output dir, model, memory): exit 2 otherwise."""
+    from .session.params import ParameterError, resolve_config
+    from .session.preflight import preflight_run
+
+    try:
+        resolved = resolve_config(None, values, resume, flag=lambda name: "--" + name.replace("_", "-"))
+        for name, value in resolved.ignored.items():
+            typer.secho(f"note: --{name.replace('_', '-')} {value} ignored: --resume uses the run's recorded config",
+                        fg=typer.colors.YELLOW, err=True)
+        preflight_run(resolved.config, resume=resolved.resume)
+    except (ParameterError, ValueError) as e:
+        _fail(str(e))
+    return resolved.config
 
 
 def _ephemeral_prefect_home(run_dir: Path) -> None:

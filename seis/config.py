@@ -89,8 +89,10 @@ class RunConfig(BaseModel):
             raise ValueError("agent_network, agent_pass_env and agent_api_endpoints apply to the cli agent only")
         return self
 
-    def preflight(self) -> None:
-        """Checks that touch the machine (output dir, model), run once before any work starts."""
+    def preflight(self, resume: bool = False, resume_hint: str = "--resume {out}") -> None:
+        """Checks that touch the machine (output dir, model), run once before any work starts. `resume`: the
+        output dir holds this run already (it is continued); else it must be new or empty, and the refusal
+        names `resume_hint` (the CLI flag, or the flow parameter in a Prefect context; `{out}`: the dir)."""
         from .models import ModelError, resolve_model
 
         from .session.steps import AGENTS_AVAILABLE
@@ -111,14 +113,16 @@ class RunConfig(BaseModel):
         if self.base_engine is not None:
             from .engine_import import check_engine_dir
             check_engine_dir(self.base_engine)
-        self._check_out_dir()
+        self._check_out_dir(resume, resume_hint)
 
-    def _check_out_dir(self) -> None:
+    def _check_out_dir(self, resume: bool, resume_hint: str) -> None:
         out = self.out
         if out.exists() and not out.is_dir():
             raise ValueError(f"output path {out} exists and is not a directory")
-        if out.exists() and any(p.name != ".prefect" for p in out.iterdir()):  # .prefect: this run's own state
-            raise ValueError(f"output dir {out} is not empty; choose a new --out")
+        if not resume and out.exists() and any(p.name != ".prefect" for p in out.iterdir()):  # .prefect: its state
+            what = "holds a run" if (out / "config.json").is_file() else "is not empty"
+            raise ValueError(f"output dir {out} {what}; continue it with {resume_hint.format(out=out)}, or choose "
+                             f"a new output dir")
         existing = next(p for p in [out, *out.parents] if p.exists())
         if not existing.is_dir():
             raise ValueError(f"output dir {out} cannot be created: {existing} is not a directory (not writable)")

@@ -1,38 +1,113 @@
-"""The GPU concurrency limit: build and gate steps never overlap on one GPU."""
+"""The GPU concurrency limit: build and gate steps never overlap on one GPU.
+
+The slot is held through a short lease (the server's minimum, renewed while held) and every lease is written in a
+registry beside Prefect's home (seis.session.resources), so that it is released at once when its holder is
+cancelled or crashes (the flow's hooks) or was killed outright (the next run releases leases of dead processes),
+instead of blocking every later gate until the lease expires."""
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import contextmanager
+from pathlib import Path
+
+from seis.session.resources import Registry
 
 GPU_LIMIT = "seis-gpu"
+LEASE_S = 60.0          # the server's minimum; renewed every ~45 s while held
+
+
+def registry() -> Registry:
+    from prefect.settings import PREFECT_HOME
+    return Registry(Path(PREFECT_HOME.value()) / "seis")
+
+
+def api_key() -> str:
+    """Which server a lease belongs to (an ephemeral server is its database's home)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME
+    return PREFECT_API_URL.value() or f"ephemeral:{PREFECT_HOME.value()}"
 
 
 def ensure_gpu_limit(slots: int = 1) -> None:
-    """Create the global concurrency limit if it is missing (an existing one is left as its owner set it).
+    """Create the global concurrency limit if it is missing (an existing one is left as its owner set it), and
+    release the leases of holders that no longer exist.
 
-    `concurrency(..., strict=True)` then refuses to run without it, so the limit is never silently skipped."""
+    Acquisition is strict, so the limit is never silently skipped."""
     from prefect import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
     from prefect.exceptions import ObjectNotFound
 
+    release_stale()
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(GPU_LIMIT)
+            limit = client.read_global_concurrency_limit_by_name(GPU_LIMIT)
         except ObjectNotFound:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=GPU_LIMIT, limit=slots))
+            return
+        if limit.active_slots and api_key().startswith("ephemeral:") and \
+                not any(lease.alive for lease in registry().leases(api_key())):
+            # This run's own database, its earlier server gone with its in-memory leases: nobody holds a slot.
+            client.update_global_concurrency_limit(GPU_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=0))
+
+
+def release(leases, logger=None) -> int:
+    """Release these leases on the server and forget them; returns how many were released."""
+    from prefect import get_client
+
+    logger = logger or logging.getLogger("seis.gpu")
+    reg, done = registry(), 0
+    with get_client(sync_client=True) as client:
+        for lease in leases:
+            try:
+                client.release_concurrency_slots_with_lease(lease.lease_id)
+                done += 1
+                logger.info("released the GPU slot held by %s (flow run %s, pid %d)", lease.label,
+                            lease.flow_run_id, lease.pid)
+            except Exception as e:  # already expired or released: nothing is held any more
+                logger.info("GPU slot lease %s of %s is already gone (%s)", lease.lease_id, lease.label,
+                            type(e).__name__)
+            reg.drop_lease(lease.lease_id)
+    return done
+
+
+def release_stale(logger=None) -> int:
+    return release(registry().stale_leases(api_key()), logger)
+
+
+def release_flow_run(flow_run_id: str, logger=None) -> int:
+    return release(registry().leases_of(str(flow_run_id), api_key()), logger)
 
 
 @contextmanager
-def gpu_slot():
-    """Hold the GPU slot for a build or gate, logging the wait so that time queued shows as waiting, not work."""
+def gpu_slot(label: str = "gpu step"):
+    """Hold the GPU slot for a build or gate, logging the wait (and who holds the slot meanwhile) so that time
+    queued shows as waiting, not work."""
     from prefect import get_run_logger
-    from prefect.concurrency.sync import concurrency
+    from prefect.client.schemas.objects import ConcurrencyLeaseHolder
+    from prefect.concurrency._leases import maintain_concurrency_lease
+    from prefect.concurrency._sync import (acquire_concurrency_slots_with_lease,
+                                           release_concurrency_slots_with_lease)
+    from prefect.runtime import flow_run, task_run
 
     logger = get_run_logger()
-    logger.info("waiting for the GPU slot (%s)", GPU_LIMIT)
+    reg = registry()
+    holders = [lease.label for lease in reg.leases(api_key())]
+    logger.info("waiting for the GPU slot (%s)%s", GPU_LIMIT, f"; held by {', '.join(holders)}" if holders else "")
     t0 = time.monotonic()
-    with concurrency(GPU_LIMIT, occupy=1, strict=True):
-        logger.info("GPU slot acquired after waiting %.1f s", time.monotonic() - t0)
-        held = time.monotonic()
-        yield
-    logger.info("GPU slot released after %.1f s", time.monotonic() - held)
+    holder = ConcurrencyLeaseHolder(type="task_run", id=task_run.id) if task_run.id else None
+    lease = acquire_concurrency_slots_with_lease([GPU_LIMIT], 1, lease_duration=LEASE_S, strict=True,
+                                                 holder=holder)
+    reg.add_lease(str(lease.lease_id), str(flow_run.id), label, api_key())
+    logger.info("GPU slot acquired after waiting %.1f s", time.monotonic() - t0)
+    held = time.monotonic()
+    try:
+        with maintain_concurrency_lease(lease.lease_id, LEASE_S, raise_on_lease_renewal_failure=False):
+            yield
+    finally:
+        try:
+            release_concurrency_slots_with_lease(lease.lease_id)
+            reg.drop_lease(str(lease.lease_id))
+            logger.info("GPU slot released after %.1f s", time.monotonic() - held)
+        except Exception as e:  # kept in the registry: the flow's hooks or the next run release it
+            logger.warning("the GPU slot could not be released now (%s); it is released by the run's cleanup",
+                           type(e).__name__)

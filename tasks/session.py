@@ -1,8 +1,11 @@
-"""A session as Prefect tasks: prepare -> agent edit -> build + gate -> retain or reject -> report -> snapshot.
+"""A session as Prefect tasks: prepare -> agent edit -> build + gate -> snapshot -> report. Each task is one library
+call; what to do with the gate's answer (retain, reject, no verdict) is decided in seis.session.
 
 Task runs are named `c0/s1 <step>` and tagged `chain:c0`, `session:1` (by the flow). Arguments go in `quote()`d,
 so Prefect infers no edges from values that merely look alike (interned strings, shared reports); each step's one
-true upstream is the previous step, given as `wait_for`."""
+true upstream is the previous step, given as `wait_for`. The agent and gate steps have outer timeouts
+(seis.session.timeouts); a step that times out, or a gate that reaches no verdict (the host killed an engine),
+ends the session without an outcome: nothing is recorded and a resumed run redoes it."""
 from __future__ import annotations
 
 import time
@@ -14,10 +17,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from seis.config import RunConfig
-from seis.evaluator import GateInputError, render_gate_for_agents
-from seis.session import (SessionOutcome, SessionSpec, decide, gate_workspace, prepare, record, run_agent,
-                          snapshot_if_retained)
-from seis.session.display import session_markdown
+from seis.evaluator import render_gate_for_agents
+from seis.session import (SessionOutcome, SessionResult, SessionSpec, decide, judge, needs_gate, not_gated,
+                          prepare, record, run_agent, snapshot_if_retained)
+from seis.session.display import run_label, session_markdown
+from seis.session.timeouts import step_timeouts
 from seis.store import SnapshotStore
 
 from .artifacts import stable_key
@@ -41,8 +45,8 @@ def agent_edit_task(config: RunConfig, spec: SessionSpec, workspace):
 @task(name="build-and-gate", task_run_name=_NAME + "build-and-gate", cache_policy=NO_CACHE)
 def gate_task(config: RunConfig, spec: SessionSpec, workspace, parent_dir: Path):
     # The evaluator builds every engine (weights, KV cache, CUDA graphs) in its own process, then gates.
-    with gpu_slot():
-        return gate_workspace(config, spec, workspace, parent_dir)
+    with gpu_slot(run_label(spec.chain, spec.session) + " build-and-gate"):
+        return judge(config, spec, workspace, parent_dir)
 
 
 @task(name="snapshot", task_run_name=_NAME + "snapshot", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
@@ -62,32 +66,35 @@ def report_task(spec: SessionSpec, workspace, agent_result, gate_result, snapsho
     return outcome
 
 
-def _step(step, *args, after=None):
+def _step(step, *args, after=None, timeout_s: float | None = None):
     """Run one step as a child task run; its only upstream edge is `after` (the previous step's future). A future,
     not a state: Prefect would search a state's data for values that other tasks returned (an empty tuple is one
     object for every chain) and draw edges to them."""
+    if timeout_s is not None:
+        step = step.with_options(timeout_seconds=timeout_s)
     future = step.submit(*(quote(a) for a in args), wait_for=[after] if after is not None else None)
     return future.result(), future
 
 
 @task(name="session", task_run_name=_NAME + "session", cache_policy=NO_CACHE)
-def session_task(config: RunConfig, spec: SessionSpec, store_root: Path) -> SessionOutcome:
-    t0 = time.monotonic()
+def session_task(config: RunConfig, spec: SessionSpec, store_root: Path) -> SessionResult:
+    t0, limits, label = time.monotonic(), step_timeouts(config), run_label(spec.chain, spec.session)
     (workspace, parent_dir), last = _step(prepare_workspace_task, spec, store_root)
-    agent_result, last = _step(agent_edit_task, config, spec, workspace, after=last)
-    gate_result, reasons = None, ()
-    if agent_result.status != "edited":
-        reasons = (f"agent: {agent_result.status}",)   # an unchanged engine has nothing to gate
-    else:
-        try:
-            gate_result, last = _step(gate_task, config, spec, workspace, parent_dir, after=last)
-            reasons = tuple(gate_result.failed_checks)
-        except GateInputError as e:  # e.g. the workspace ships files the evaluator refuses: rejected, not a crash
-            reasons = (f"gate refused the workspace: {e}",)
-    retained, reasons = decide(spec, gate_result, reasons)
-    snapshot, last = _step(snapshot_task, store_root, spec, gate_result, retained, after=last)
-    outcome, _ = _step(report_task, spec, workspace, agent_result, gate_result, snapshot, retained, reasons,
-                       time.monotonic() - t0, after=last)
+    try:
+        agent_result, last = _step(agent_edit_task, config, spec, workspace, after=last, timeout_s=limits.agent_s)
+        if needs_gate(agent_result):
+            judgement, last = _step(gate_task, config, spec, workspace, parent_dir, after=last,
+                                    timeout_s=limits.gate_s)
+        else:
+            judgement = not_gated(agent_result)
+    except TimeoutError as e:
+        return SessionResult(spec.chain, spec.session, failure=f"{label}: a step timed out ({e})")
+    if judgement.host_failure:
+        return SessionResult(spec.chain, spec.session, failure=f"{label}: {judgement.host_failure}")
+    retained, reasons = decide(spec, judgement.gate_result, judgement.reasons)
+    snapshot, last = _step(snapshot_task, store_root, spec, judgement.gate_result, retained, after=last)
+    outcome, _ = _step(report_task, spec, workspace, agent_result, judgement.gate_result, snapshot, retained,
+                       reasons, time.monotonic() - t0, after=last)
     status = "retained" if retained else "kept parent"
     print(f"[{spec.chain} s{spec.session}] {agent_result.notes} -> {outcome.verdict}, {status} ({snapshot})")
-    return outcome
+    return SessionResult(spec.chain, spec.session, outcome=outcome)

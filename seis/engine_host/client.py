@@ -30,6 +30,20 @@ class EngineTimeout(EngineError):
     """The engine did not answer in time; its process was killed."""
 
 
+class EngineExited(EngineError):
+    """The engine process ended without answering. `returncode` is its exit status (negative: the signal)."""
+
+    def __init__(self, message: str, returncode: int | None):
+        super().__init__(message)
+        self.returncode = returncode
+
+    @property
+    def sigkilled(self) -> bool:
+        """Killed by SIGKILL without a word of its own: how the kernel's OOM killer ends a process (-9, or 137
+        when a sandbox's init reports its child's signal as an exit status)."""
+        return self.returncode in (-9, 128 + 9)
+
+
 @dataclass(frozen=True)
 class Sampling:
     """What the worker turns into the engine's SamplingParams."""
@@ -97,7 +111,8 @@ class EngineProcess:
 
     def call(self, op: str, timeout_s: float | None = None, **payload) -> Any:
         if self.proc is None or self.proc.poll() is not None:
-            raise EngineError(f"engine process is not running{self._stderr_tail()}")
+            code = None if self.proc is None else self.proc.returncode
+            raise EngineExited(f"engine process is not running{_status(code)}{self._stderr_tail()}", code)
         rid = secrets.token_hex(16)  # unpredictable: no reply can be written before its request exists
         try:
             self.proc.stdin.write((json.dumps({"op": op, "id": rid, **payload}) + "\n").encode("utf-8"))
@@ -110,7 +125,8 @@ class EngineProcess:
             self.kill()
             raise EngineTimeout(f"engine did not answer '{op}' within {timeout_s or self.timeout_s:.0f} s") from None
         if line is None:
-            raise EngineError(f"engine process exited during '{op}'{self._stderr_tail()}")
+            code = self._exit_status()
+            raise EngineExited(f"engine process exited during '{op}'{_status(code)}{self._stderr_tail()}", code)
         if line is OVERSIZED:
             self.kill()
             raise EngineError(f"reply to '{op}' is longer than {MAX_REPLY_BYTES // 2**20} MiB")
@@ -153,6 +169,13 @@ class EngineProcess:
         if self.box is not None:
             self.box.kill()
 
+    def _exit_status(self, wait_s: float = 5.0) -> int | None:
+        """The exit status once stdout has closed (the process may need a moment to be reaped)."""
+        try:
+            return self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def _stderr_tail(self, n: int = 1500) -> str:
         if self.stderr_path and self.stderr_path.exists():
             with self.stderr_path.open("rb") as f:
@@ -160,3 +183,11 @@ class EngineProcess:
                 tail = f.read().decode("utf-8", errors="replace").strip()
             return f"; its stderr ends:\n{tail}" if tail else ""
         return ""
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return ""
+    if code in (-9, 137):
+        return " (killed by SIGKILL, e.g. by the kernel's OOM killer)"
+    return f" (killed by signal {-code})" if code < 0 else f" (exit status {code})"

@@ -10,9 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictInt, TypeAdapter, ValidationError
 
-from ..engine_host import EngineError, EngineProcess, EngineTimeout
+from ..engine_host import EngineError, EngineExited, EngineProcess, EngineTimeout
 from ..engine_host.client import Sampling
-from .errors import ReferenceFailure
+from .errors import HostFailure, ReferenceFailure
 from .isolation import Isolation
 
 
@@ -109,6 +109,11 @@ class EngineHandle:
             self.timed_out = True
             self.proc.kill()
             return self._fail(op, str(e), timeout=True)
+        except EngineExited as e:
+            if e.sigkilled:  # not the engine's doing (we kill only on timeouts, handled above): the host's
+                raise HostFailure(f"the {self.role} engine was killed by the host during '{op}' (SIGKILL, no error "
+                                  f"of its own; most likely the kernel's OOM killer): no verdict") from None
+            return self._fail(op, str(e))
         except EngineError as e:
             return self._fail(op, str(e))
         except ValidationError as e:

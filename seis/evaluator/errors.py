@@ -8,3 +8,8 @@ class GateInputError(ValueError):
 
 class ReferenceFailure(RuntimeError):
     """The trusted reference engine failed: the gate cannot judge anything, so it gives no verdict."""
+
+
+class HostFailure(RuntimeError):
+    """The host, not the engine code, ended an engine (the kernel's OOM killer: SIGKILL with no error of the
+    engine's own): no verdict is reached, and it is never a candidate's failed check."""

@@ -28,7 +28,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # seis/
 def evaluator_source_sha256() -> str:
     """The code that judges: this package, the engine host and the engine importer."""
     files = [*sorted((PACKAGE_ROOT / "evaluator").glob("*.py")), *sorted((PACKAGE_ROOT / "engine_host").glob("*.py")),
-             PACKAGE_ROOT / "engine_import.py"]
+             PACKAGE_ROOT / "engine_import.py", PACKAGE_ROOT / "workspace" / "tree.py"]  # tree.py: the tree hash
     return files_sha256(files, PACKAGE_ROOT.parent)
 
 

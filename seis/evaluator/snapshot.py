@@ -1,8 +1,8 @@
 """Validate an engine directory, hash it, and copy it somewhere it cannot change while it is evaluated.
 
-The tree hash covers sorted relative paths and file bytes; caches and VCS metadata (__pycache__, *.pyc, .git,
-.pytest_cache) are ignored because they do not change what runs. A symlink inside the tree counts as the file it
-points to (and is copied as that file).
+The tree hash is the one of `seis.workspace.tree` (sorted relative paths and file bytes; caches, VCS metadata and
+the session material beside the engine, reports/ and peers/, are not the engine): what the gate judges and what
+the store keeps hash alike. A symlink inside the tree counts as the file it points to (and is copied as that file).
 """
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES, TreeError, tree_files, tree_hash
 from .errors import GateInputError
 
-IGNORED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache"})
-IGNORED_SUFFIXES = (".pyc", ".pyo")
 # Files Python (or pytest) would execute on its own if they sat on sys.path / in a site dir.
 FORBIDDEN_FILES = frozenset({"sitecustomize.py", "usercustomize.py", "conftest.py"})
 
@@ -32,13 +31,11 @@ def _ignored(name: str) -> bool:
 
 
 def _files(root: Path) -> list[Path]:
-    """Every file under root (following in-tree directory symlinks), relative, sorted by POSIX path."""
-    out: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not _ignored(d))
-        base = Path(dirpath)
-        out += [(base / f).relative_to(root) for f in filenames if not _ignored(f)]
-    return sorted(out, key=lambda p: p.as_posix())
+    """The engine tree's files (following in-tree directory symlinks), relative, sorted by POSIX path."""
+    try:
+        return [Path(rel) for rel in tree_files(root)]
+    except TreeError as e:
+        raise GateInputError(f"{root} cannot be judged as an engine tree: {e}") from None
 
 
 def validate_engine_tree(root: str | Path, what: str = "candidate", max_bytes: float = float("inf")) -> Path:
@@ -77,12 +74,11 @@ def validate_engine_tree(root: str | Path, what: str = "candidate", max_bytes: f
 
 
 def tree_sha256(root: str | Path) -> str:
-    root = Path(root)
-    h = hashlib.sha256()
-    for rel in _files(root):
-        h.update(rel.as_posix().encode("utf-8") + b"\0")
-        h.update(hashlib.sha256((root / rel).read_bytes()).digest())
-    return h.hexdigest()
+    """The engine tree's hash: the same function the workspace and the snapshot store use."""
+    try:
+        return tree_hash(root)
+    except TreeError as e:
+        raise GateInputError(f"{root} cannot be hashed as an engine tree: {e}") from None
 
 
 def files_sha256(paths: list[Path], root: Path) -> str:

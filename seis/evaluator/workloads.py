@@ -116,8 +116,9 @@ def _digest(obj) -> str:
 
 def read_model_limits(model_dir: Path) -> tuple[int, int]:
     """(vocab_size, max_position_embeddings) from config.json."""
-    raw = json.loads((Path(model_dir) / "config.json").read_text())
-    return int(raw["vocab_size"]), int(raw.get("max_position_embeddings", 2048))
+    from ..models.config import read_model_config
+    c = read_model_config(model_dir)
+    return c.vocab_size, c.max_position_embeddings
 
 
 def _new_tokens(config: GateConfig, wl: DevWorkload) -> int:

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..models.config import read_model_config
+
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1,
                "float8_e5m2": 1, "int8": 1, "uint8": 1, "float64": 8}
 
@@ -46,11 +48,11 @@ def weight_bytes_per_token(model_dir: str | Path, dtype: str) -> int:
     is counted once, as the LM head that reads all of it.
     """
     numels = safetensors_numels(model_dir)
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    tied = read_model_config(model_dir).tie_word_embeddings
     has_head = any(name.endswith("lm_head.weight") for name in numels)
     total = 0
     for name, n in numels.items():
-        if name.endswith("embed_tokens.weight") and has_head and not config.get("tie_word_embeddings", False):
+        if name.endswith("embed_tokens.weight") and has_head and not tied:
             continue
         total += n
     return total * dtype_bytes(dtype)
@@ -58,10 +60,7 @@ def weight_bytes_per_token(model_dir: str | Path, dtype: str) -> int:
 
 def kv_bytes_per_token(model_dir: str | Path, dtype: str) -> int:
     """K and V of one context token, summed over layers."""
-    c = json.loads((Path(model_dir) / "config.json").read_text())
-    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
-    return 2 * c["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes(dtype)
+    return read_model_config(model_dir).kv_bytes_per_token(dtype_bytes(dtype))
 
 
 def mean_decode_context(prompt_lens: Sequence[int], output_lens: Sequence[int]) -> float:

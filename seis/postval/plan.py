@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,9 +130,10 @@ def prepare_plan(config: PostValConfig) -> Plan:
     check_engine("--engine", config.engine_dir)
     check_engine("vanilla engine", config.vanilla_dir)
     model_dir = check_model(config.model)
-    model_cfg = json.loads((model_dir / "config.json").read_text())
-    plan = Plan(config=config, model_dir=model_dir, model_context=int(model_cfg.get("max_position_embeddings", 4096)),
-                vocab_size=int(model_cfg["vocab_size"]), tokenizer=None)
+    from ..models.config import read_model_config
+    model_cfg = read_model_config(model_dir, default_context=4096)
+    plan = Plan(config=config, model_dir=model_dir, model_context=model_cfg.max_position_embeddings,
+                vocab_size=model_cfg.vocab_size, tokenizer=None)
     try:
         ensure_prepared(plan.config.prepared_dir)
         _load_workloads(plan)

@@ -63,8 +63,9 @@ def session_markdown(outcome: SessionOutcome, measurements: str, session_dir: Pa
                   f"${outcome.cost_usd:.4f}"),
         ("wall", f"{outcome.wall_s:.1f} s"), ("files", f"`{session_dir}`"),
     ]
-    lines = [f"# {run_label(outcome.chain, outcome.session)}: {outcome.verdict}", "", "| | |", "|---|---|",
-             *(f"| {k} | {v} |" for k, v in facts), ""]
+    from tabulate import tabulate
+    lines = [f"# {run_label(outcome.chain, outcome.session)}: {outcome.verdict}", "",
+             tabulate(facts, headers=("", ""), tablefmt="pipe", disable_numparse=True), ""]
     report, shown = outcome.report.markdown, measurements.strip()
     if shown and shown in report:
         report = report.replace(shown, fence(shown), 1)

@@ -1,7 +1,7 @@
 """The run directory: config, per-session files, and the summary table.
 
     runs/<run-id>/
-      config.json  summary.parquet  summary.md  best.json  figures/chain_speedups.png
+      config.json  status.json  vanilla.json  summary.parquet  summary.md  best.json  figures/chain_speedups.png
       postval/  (with post_validate: the best retained engine against vanilla; tables, figures, metrics)
       chains/<chain>/<session>/  workspace/  workspace.diff  report.md  gate.json  agent.json  transcript.jsonl
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from .status import RunStatus, read_status, write_status
 
 SUMMARY_COLUMNS = ["chain", "session", "parent_snapshot", "snapshot", "retained", "verdict", "reasons",
                    "dev_speedup_vs_vanilla", "dev_speedup_vs_parent", "synced_from", "agent", "applied", "adopted",
@@ -25,6 +27,39 @@ class RunDir:
         root.mkdir(parents=True, exist_ok=True)
         (root / "config.json").write_text(config_json + "\n")
         return cls(root)
+
+    @classmethod
+    def open(cls, root: Path) -> "RunDir":
+        """An existing run directory (to resume): it must hold the run's recorded config.json."""
+        root = Path(root).expanduser().resolve()
+        if not (root / "config.json").is_file():
+            raise ValueError(f"{root} is not a SEIS run directory (no config.json): nothing to resume")
+        return cls(root)
+
+    def recorded_config_json(self) -> str:
+        return (self.root / "config.json").read_text()
+
+    # ---- the run's vanilla engine: pinned, so that a resumed run judges against the same E0 -------------------
+    def recorded_vanilla(self) -> str | None:
+        try:
+            return json.loads((self.root / "vanilla.json").read_text())["snapshot"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def record_vanilla(self, snapshot: str) -> None:
+        (self.root / "vanilla.json").write_text(json.dumps({"snapshot": snapshot}) + "\n")
+
+    # ---- status: a half-finished run says so ------------------------------------------------------------------
+    def status(self) -> RunStatus | None:
+        return read_status(self.root)
+
+    def set_status(self, state: str, **values) -> RunStatus:
+        return write_status(self.root, state, **values)
+
+    def lock(self):
+        """Held by the one flow working in this directory (released by the OS if its process dies)."""
+        from ..store import FileLock
+        return FileLock(self.root / ".run.lock", timeout_s=0)
 
     def session_dir(self, chain: str, session: int) -> Path:
         return self.root / "chains" / chain / f"{session:03d}"

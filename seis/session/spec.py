@@ -1,7 +1,7 @@
 """A session as data: what the protocol hands it, and what it hands back."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..workspace import PeerMaterial, Report
@@ -52,3 +52,29 @@ class SessionOutcome:
             "tokens_in": self.tokens_in, "tokens_out": self.tokens_out, "cost_usd": self.cost_usd,
             "wall_s": round(self.wall_s, 2),
         }
+
+    def to_dict(self) -> dict:
+        """Everything, the report included: what `outcome.json` records so that a resumed run need not redo it."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "report"},
+                "report": self.report.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SessionOutcome":
+        tuples = {"reasons", "synced_from", "applied", "adopted"}
+        values = {f.name: (tuple(d[f.name]) if f.name in tuples else d[f.name]) for f in fields(cls)
+                  if f.name != "report"}
+        return cls(**values, report=Report.from_dict(d["report"]))
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    """What a session task hands the flow: its outcome, or why it reached none (the host failed, a step timed
+    out). A session without an outcome is not recorded, so a resumed run redoes it."""
+    chain: str
+    session: int
+    outcome: SessionOutcome | None = None
+    failure: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.outcome is None) == (not self.failure):
+            raise ValueError("a session result holds either an outcome or a failure")

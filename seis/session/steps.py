@@ -7,6 +7,7 @@ from pathlib import Path
 from ..agents import AgentResult, Budget, SessionContext, find_secrets, stamp_verdict
 from ..config import RunConfig
 from ..workspace import Report, Workspace, prepare_workspace
+from .resume import save_outcome
 from .spec import SessionOutcome, SessionSpec
 
 AGENTS_AVAILABLE = ("offline", "anthropic", "openai", "cli")
@@ -44,14 +45,15 @@ def gated_dir(spec: SessionSpec) -> Path:
     return spec.session_dir / "gated"
 
 
-def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, parent_dir: Path):
-    """The development gate on the workspace's engine tree; returns the GateResult (also saved as gate.json,
-    beside the workspace, where no agent looks). The vanilla and parent engines come from the snapshot store."""
-    from ..evaluator import GateConfig, run_gate
+def gate_config(config: RunConfig, spec: SessionSpec | None = None, **values):
+    """The GateConfig a session's gate runs with (also what the memory preflight sizes); without a spec, the
+    run-level part only (no candidate or snapshots)."""
+    from ..evaluator import GateConfig
 
-    values = dict(candidate=workspace.root, model=config.model, parent=parent_dir, device=config.device,
-                  seed=config.seed, store=config.store, parent_snapshot=spec.parent_snapshot,
-                  reference_snapshot=spec.vanilla_snapshot or None, retain_dir=gated_dir(spec))
+    values = dict(model=config.model, device=config.device, seed=config.seed, store=config.store, **values)
+    if spec is not None:
+        values.update(parent_snapshot=spec.parent_snapshot, reference_snapshot=spec.vanilla_snapshot or None,
+                      retain_dir=gated_dir(spec))
     if config.gate == "smoke":  # the smallest sizes that still run every check (tests)
         from ..evaluator import CheckSizes, SpeedConfig
         values.update(checks=CheckSizes(n_dev=2, n_heldout_gsm8k=2, n_heldout_shapes=1, max_new_tokens=12,
@@ -60,8 +62,15 @@ def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, p
                                         late_tokens=48),
                       speed=SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8),
                       max_prompt_tokens=128)  # CPU prefill dominates a small gate
-    gate_config = GateConfig(**values) if config.gate == "full" else GateConfig.quick(**values)
-    result = run_gate(gate_config)
+    return GateConfig(**values) if config.gate == "full" else GateConfig.quick(**values)
+
+
+def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, parent_dir: Path):
+    """The development gate on the workspace's engine tree; returns the GateResult (also saved as gate.json,
+    beside the workspace, where no agent looks). The vanilla and parent engines come from the snapshot store."""
+    from ..evaluator import run_gate
+
+    result = run_gate(gate_config(config, spec, candidate=workspace.root, parent=parent_dir))
     (spec.session_dir / "gate.json").write_text(result.model_dump_json(indent=2) + "\n")
     return result
 
@@ -90,13 +99,15 @@ def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_res
     vs_vanilla, vs_parent = dev_speedups(gate_result)
     verdict = gate_result.verdict if gate_result is not None else ("no_change" if agent.status == "no_change"
                                                                     else "error")
-    return SessionOutcome(
+    outcome = SessionOutcome(
         chain=spec.chain, session=spec.session, parent_snapshot=spec.parent_snapshot, snapshot=snapshot,
         retained=retained, verdict=verdict, reasons=reasons, dev_speedup_vs_vanilla=vs_vanilla,
         dev_speedup_vs_parent=vs_parent, synced_from=spec.synced_from, agent=agent.agent,
         applied=agent.applied, adopted=tuple(a.name for a in agent.adopted), tokens_in=agent.tokens_in,
         tokens_out=agent.tokens_out, cost_usd=agent.cost_usd, wall_s=wall_s,
         report=Report(spec.chain, spec.session, markdown, verdict_word))
+    save_outcome(spec.session_dir, outcome)  # last: its presence means the session is finished (see resume.py)
+    return outcome
 
 
 def _diff_or_reason(workspace: Workspace) -> str:

@@ -1,10 +1,10 @@
-"""An inter-process file lock (flock), with a timeout: DVC must never run twice at once in one repository."""
+"""An inter-process file lock with a timeout (the `filelock` package): DVC must never run twice at once in one
+repository, a snapshot is stored once, and a run directory has one flow at a time."""
 from __future__ import annotations
 
-import fcntl
-import os
-import time
 from pathlib import Path
+
+import filelock
 
 
 class LockTimeout(TimeoutError):
@@ -12,30 +12,24 @@ class LockTimeout(TimeoutError):
 
 
 class FileLock:
-    """Exclusive lock on `path` (created if missing). Also excludes other threads: each holds its own open file."""
+    """Exclusive lock on `path` (created if missing). Also excludes other threads: each instance holds its own
+    open file. `timeout_s=0` tries once."""
 
     def __init__(self, path: str | Path, timeout_s: float = 600.0, poll_s: float = 0.05):
         self.path, self.timeout_s, self.poll_s = Path(path), timeout_s, poll_s
-        self._fd: int | None = None
+        self._lock: filelock.BaseFileLock | None = None
 
     def __enter__(self) -> "FileLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise LockTimeout(f"could not lock {self.path} within {self.timeout_s:.0f} s") from None
-                time.sleep(self.poll_s)
-        self._fd = fd
+        lock = filelock.FileLock(str(self.path), thread_local=False)
+        try:
+            lock.acquire(timeout=self.timeout_s, poll_interval=self.poll_s)
+        except filelock.Timeout:
+            raise LockTimeout(f"could not lock {self.path} within {self.timeout_s:.0f} s") from None
+        self._lock = lock
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

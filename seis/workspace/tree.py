@@ -2,8 +2,9 @@
 
 "The engine tree" is every regular file under a directory except caches (__pycache__, *.pyc, .git,
 .pytest_cache) and, at the top level only, the session material SEIS puts beside the engine (reports/, peers/).
-The hash is the same construction as the evaluator's `tree_sha256` (POSIX path, NUL, sha256 of the bytes, in
-sorted path order), so a snapshot id and the gate's hash of the same tree agree.
+`tree_hash` is the one tree hash of SEIS (POSIX path, NUL, sha256 of the bytes, in sorted path order): the
+workspace, the snapshot store and the evaluator (`seis.evaluator.snapshot.tree_sha256`) all call it, so a
+snapshot id and the gate's hash of the same tree agree.
 """
 from __future__ import annotations
 

@@ -1,0 +1,62 @@
+"""What a run directory says is finished, so that a resumed run redoes only what is not.
+
+A session is finished when its directory holds `outcome.json` (written last, atomically, by `record`), its
+`report.md`, and, when it was retained, its snapshot is in the store. Anything else in a session directory is
+the remains of an interrupted session: it is removed and the session is redone from its parent. A recorded
+session is kept only if it still follows from what comes before it (same parent engine; no earlier session it
+depends on was redone), so a resumed run is the run that would have happened.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from .spec import SessionOutcome
+
+OUTCOME_FILE = "outcome.json"
+
+
+def save_outcome(session_dir: Path, outcome: SessionOutcome) -> Path:
+    path = session_dir / OUTCOME_FILE
+    part = path.with_suffix(".json.part")
+    part.write_text(json.dumps(outcome.to_dict(), indent=2, default=str) + "\n")
+    os.replace(part, path)
+    return path
+
+
+def load_outcome(session_dir: Path) -> SessionOutcome | None:
+    """The recorded outcome, or None when there is none (or it cannot be read: then it is not finished)."""
+    try:
+        return SessionOutcome.from_dict(json.loads((session_dir / OUTCOME_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def finished(session_dir: Path, store) -> SessionOutcome | None:
+    """The session's outcome if it finished: outcome and report recorded, and a retained engine in the store."""
+    outcome = load_outcome(session_dir)
+    if outcome is None or not (session_dir / "report.md").is_file():
+        return None
+    if outcome.retained and outcome.snapshot not in store:
+        return None
+    return outcome
+
+
+def still_valid(outcome: SessionOutcome, protocol: str, parent_snapshot: str, redone: set[str]) -> bool:
+    """Whether a recorded session still follows from the resumed run's state: the same parent, and (chain: this
+    chain; sync-chain: any chain, through the fan-ins) no earlier session redone. Branching sessions stand alone."""
+    if protocol == "branching":
+        return outcome.parent_snapshot == parent_snapshot
+    if outcome.parent_snapshot != parent_snapshot:
+        return False
+    return not redone if protocol == "sync-chain" else outcome.chain not in redone
+
+
+def clear(path: Path) -> None:
+    """Remove what an interrupted session (or fan-in) left, so that it is redone from scratch."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)

@@ -1,0 +1,185 @@
+"""Clean failure: a host-killed engine is a host failure (never a candidate rejection), a run that cannot fit in
+memory is refused with the numbers, the GPU slot is released when its holder crashes or is killed, and the tree
+hash is one function for the workspace, the store and the evaluator."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import flows  # noqa: F401  (SEIS's Prefect settings, before the test server starts)
+from seis.config import RunConfig
+from seis.engine_import import ENGINE_TEMPLATE
+
+
+# ---- host failure --------------------------------------------------------------------------------------------------
+def _engine(tmp_path: Path, init: str) -> Path:
+    engine = tmp_path / "engine-under-test"
+    shutil.copytree(ENGINE_TEMPLATE, engine, ignore=shutil.ignore_patterns("__pycache__"))
+    (engine / "engine" / "__init__.py").write_text(init)
+    return engine
+
+
+def _handle(engine: Path, trusted: bool = False):
+    from seis.evaluator.config import IsolationConfig
+    from seis.evaluator.engines import Deadline, EngineHandle
+    from seis.evaluator.isolation import make_isolation
+    from seis.models import resolve_model
+    return EngineHandle("candidate", engine, resolve_model("tiny-qwen3"), {"device": "cpu"},
+                        make_isolation("cpu", IsolationConfig()), Deadline(120), 60, 60, trusted=trusted)
+
+
+def test_an_engine_killed_by_the_host_is_a_host_failure_not_a_failed_check(tmp_path):
+    from seis.evaluator import HostFailure
+    handle = _handle(_engine(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"))
+    try:
+        handle.start()
+        with pytest.raises(HostFailure, match="killed by the host during 'build'.*OOM"):
+            handle.build()
+        assert handle.failures == []                                  # nothing charged to the candidate
+    finally:
+        handle.close()
+
+
+def test_an_engine_that_fails_on_its_own_is_the_candidates_failure(tmp_path):
+    handle = _handle(_engine(tmp_path, "raise SystemExit(3)\n"))
+    try:
+        handle.start()
+        assert handle.build() is None
+        assert len(handle.failures) == 1 and "exit status 3" in handle.failures[0].message
+    finally:
+        handle.close()
+
+
+def test_the_session_reports_a_host_failure_and_records_no_verdict(tmp_path, monkeypatch):
+    import seis.session.steps as steps
+    from seis.evaluator import GateInputError, HostFailure, ReferenceFailure
+    from seis.session import SessionSpec, judge
+
+    spec = SessionSpec(run_id="r", chain="c0", chain_index=0, session=0, parent_snapshot="0" * 16,
+                       session_dir=tmp_path)
+    cases = [(HostFailure("the candidate engine was killed by the host"), "host failure"),
+             (ReferenceFailure("the vanilla engine failed"), "no verdict")]
+    for error, words in cases:
+        monkeypatch.setattr(steps, "gate_workspace", lambda *a, error=error: (_ for _ in ()).throw(error))
+        j = judge(RunConfig(), spec, None, tmp_path)
+        assert j.gate_result is None and j.reasons == () and words in j.host_failure
+    monkeypatch.setattr(steps, "gate_workspace", lambda *a: (_ for _ in ()).throw(GateInputError("a FIFO")))
+    j = judge(RunConfig(), spec, None, tmp_path)                      # a refusal is a rejection, with its reason
+    assert not j.host_failure and j.reasons == ("gate refused the workspace: a FIFO",)
+    passed = SimpleNamespace(verdict="fail", failed_checks=["dev.kl"])
+    monkeypatch.setattr(steps, "gate_workspace", lambda *a: passed)
+    assert judge(RunConfig(), spec, None, tmp_path).reasons == ("dev.kl",)
+
+
+# ---- memory preflight ----------------------------------------------------------------------------------------------
+def test_a_run_that_cannot_fit_is_refused_naming_the_numbers(tmp_path):
+    from seis.session.preflight import GiB, InsufficientMemory, check_gate_memory, preflight_run
+
+    config = RunConfig(model="tiny-qwen3", gate="full", device="cpu", out=tmp_path / "run", store=tmp_path / "s")
+    est = check_gate_memory(config, available_bytes=64 * GiB, on_cpu=True)
+    assert est.engines == 3 and est.kv_tokens == 32 * 512          # max_batch_size x the model's 512 positions
+    assert est.kv_bytes == est.kv_tokens * 2 * 2 * 2 * 16 * 4      # K+V x layers x kv heads x head_dim x fp32
+    with pytest.raises(InsufficientMemory) as refused:
+        check_gate_memory(config, available_bytes=GiB, on_cpu=True)
+    message = str(refused.value)
+    for words in ("3 engines", "weights", "KV cache", "16384 tokens", "1.0 GiB available", "GiB in all"):
+        assert words in message, message
+    # the whole preflight refuses too, and leaves no output dir behind
+    import seis.session.preflight as preflight
+    original = preflight.check_gate_memory
+    try:
+        preflight.check_gate_memory = lambda c: original(c, available_bytes=GiB, on_cpu=True)
+        with pytest.raises(InsufficientMemory):
+            preflight_run(config)
+    finally:
+        preflight.check_gate_memory = original
+    assert not (tmp_path / "run").exists()
+
+
+# ---- the GPU slot --------------------------------------------------------------------------------------------------
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from prefect import flow, task
+    from tasks.cleanup import release_run
+    from tasks.gpu import ensure_gpu_limit, gpu_slot
+
+    @task
+    def hold(marker: str):
+        with gpu_slot("test holder"):
+            Path(marker).write_text("held")
+            time.sleep(300)
+
+    @flow(on_crashed=[release_run], on_cancellation=[release_run])
+    def holder(marker: str):
+        ensure_gpu_limit()
+        hold(marker)
+
+    holder(sys.argv[1])
+""")
+
+
+def _active_slots() -> int:
+    from prefect import get_client
+    from tasks.gpu import GPU_LIMIT
+    with get_client(sync_client=True) as client:
+        return client.read_global_concurrency_limit_by_name(GPU_LIMIT).active_slots
+
+
+def _hold_then(tmp_path: Path, sig: int) -> None:
+    from prefect.settings import PREFECT_API_URL
+    marker = tmp_path / f"held-{sig}"
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(marker)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else ""
+        time.sleep(0.2)
+    assert _active_slots() == 1
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+    with prefect_test_harness(server_startup_timeout=None):  # PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+        yield
+
+
+def test_the_gpu_slot_is_released_when_its_holder_crashes_or_is_killed(harness, tmp_path):
+    from tasks.gpu import ensure_gpu_limit, registry
+    ensure_gpu_limit()
+    # SIGTERM (a worker stopping the flow run, a cancellation): the flow crashes and its hook releases the slot
+    t0 = time.monotonic()
+    _hold_then(tmp_path, signal.SIGTERM)
+    assert _active_slots() == 0 and time.monotonic() - t0 < 60
+    # SIGKILL: no hook can run; the next run releases the dead holder's lease at once, not after it expires
+    _hold_then(tmp_path, signal.SIGKILL)
+    assert _active_slots() == 1 and registry().leases()
+    t0 = time.monotonic()
+    ensure_gpu_limit()
+    assert _active_slots() == 0 and time.monotonic() - t0 < 10 and not registry().leases()
+
+
+# ---- one tree hash -------------------------------------------------------------------------------------------------
+def test_workspace_store_and_evaluator_hash_a_workspace_alike(tmp_path):
+    from seis.evaluator.snapshot import snapshot, tree_sha256
+    from seis.workspace import Report, prepare_workspace, tree_hash
+
+    ws = prepare_workspace(ENGINE_TEMPLATE, tmp_path / "ws", [Report("c0", 0, "# report\n", "retained")])
+    assert (ws.root / "reports").is_dir()                             # session material beside the engine
+    assert tree_sha256(ws.root) == tree_hash(ws.root) == tree_hash(ENGINE_TEMPLATE)
+    judged = snapshot(ws.root, tmp_path / "judged")
+    assert judged.sha256 == tree_hash(ws.root) and not (judged.path / "reports").exists()

@@ -1,0 +1,182 @@
+"""Resume: an interrupted run continues from its recorded config; finished sessions are not redone, unfinished ones
+are redone from their parents, fan-ins are recomputed, and the summary comes out as if nothing had happened.
+
+Two ways to interrupt: a gate that reaches no verdict (an injected host failure, in-process) and the run's process
+killed outright mid-session (`seis evolve` in a subprocess, SIGKILL, then `seis evolve --resume`)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import flows  # noqa: F401  (SEIS's Prefect settings, before the test server starts)
+
+from seis.config import RunConfig
+from seis.session.resources import scratch_dir
+
+LIBRARY = Path(__file__).resolve().parents[1] / "seis" / "agents" / "offline" / "library"
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+    with prefect_test_harness(server_startup_timeout=None):  # PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+        yield
+
+
+def _library(tmp_path: Path) -> Path:
+    import shutil
+    lib = tmp_path / "library"
+    for name in ("batched-scoring", "decode-pinned-metadata"):
+        shutil.copytree(LIBRARY / name, lib / name)
+    return lib
+
+
+class _Counting:
+    """Counts the real agent edits and gate runs per (chain, session), and fails the gates named in `fail`."""
+
+    def __init__(self, monkeypatch, fail: set[tuple[str, int]] = frozenset()):
+        import seis.session.steps as steps
+        import tasks.session as session_tasks
+        self.agents, self.gates, self.fail, self.lock = Counter(), Counter(), set(fail), threading.Lock()
+        real_agent, real_gate = session_tasks.run_agent, steps.gate_workspace
+
+        def run_agent(config, spec, workspace):
+            with self.lock:
+                self.agents[(spec.chain, spec.session)] += 1
+            return real_agent(config, spec, workspace)
+
+        def gate_workspace(config, spec, workspace, parent_dir):
+            if (spec.chain, spec.session) in self.fail:
+                from seis.evaluator import HostFailure
+                raise HostFailure("the candidate engine was killed by the host during 'build' (SIGKILL, no error "
+                                  "of its own; most likely the kernel's OOM killer): no verdict")
+            result = real_gate(config, spec, workspace, parent_dir)
+            with self.lock:
+                self.gates[(spec.chain, spec.session)] += 1
+            return result
+
+        monkeypatch.setattr(session_tasks, "run_agent", run_agent)
+        monkeypatch.setattr(steps, "gate_workspace", gate_workspace)
+
+
+def test_resume_after_a_host_failure_redoes_only_the_unfinished_session(harness, tmp_path, prepared_dir,
+                                                                          monkeypatch):
+    from flows.seis_flow import seis
+    config = RunConfig(protocol="sync-chain", chains=2, sessions=2, sync_every=1, model="tiny-qwen3", device="cpu",
+                       gate="smoke", out=tmp_path / "run", store=tmp_path / "store", agent_library=_library(tmp_path))
+    run = tmp_path / "run"
+
+    # attempt 1: c1's first gate is OOM-killed: no verdict, so no rejection; c0's first session finishes
+    counts = _Counting(monkeypatch, fail={("c1", 0)})
+    state = seis(config, return_state=True)
+    assert state.is_failed() and "c1/s0: host failure" in state.message and "resume=" in state.message
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "failed" and "host failure" in status["message"] and "--resume" in status["note"]
+    assert (run / "chains" / "c0" / "000" / "outcome.json").is_file()
+    assert not (run / "chains" / "c1" / "000" / "outcome.json").exists()      # not recorded as a rejection
+    assert not (run / "summary.parquet").exists() and not (run / "chains" / "c0" / "001").exists()
+    first_c0 = (run / "chains" / "c0" / "000" / "outcome.json").stat().st_mtime_ns
+    assert not scratch_dir(run).exists()
+
+    # the same output dir without resume is refused, naming the resume parameter
+    refused = seis(config, return_state=True)
+    assert refused.is_failed() and f"resume={run}" in refused.message
+
+    # attempt 2: resume from the recorded config (the other parameters are not needed)
+    monkeypatch.undo()
+    counts2 = _Counting(monkeypatch)
+    resumed = seis(resume=str(run), return_state=True)
+    assert resumed.is_completed(), resumed.message
+    done = Counter(counts.agents) + Counter(counts2.agents)
+    gated = Counter(counts.gates) + Counter(counts2.gates)
+    sessions = {(c, s) for c in ("c0", "c1") for s in (0, 1)}
+    # every session was gated exactly once; only the unfinished one was edited again (redone from its parent)
+    assert set(gated) == sessions and set(gated.values()) == {1}
+    assert done == {**{s: 1 for s in sessions}, ("c1", 0): 2}
+    assert ("c0", 0) not in counts2.agents                                    # finished: not redone
+    assert (run / "chains" / "c0" / "000" / "outcome.json").stat().st_mtime_ns == first_c0
+
+    df = pd.read_parquet(run / "summary.parquet")
+    assert len(df) == 4 and df.retained.all()
+    s0, s1 = df[df.session == 0].set_index("chain"), df[df.session == 1].set_index("chain")
+    for chain, peer in (("c0", "c1"), ("c1", "c0")):   # the fan-in recomputed from the recorded state
+        assert s1.loc[chain, "parent_snapshot"] == s0.loc[chain, "snapshot"]
+        assert s1.loc[chain, "synced_from"] == peer and s1.loc[chain, "adopted"] == s0.loc[peer, "applied"]
+    assert (run / "figures" / "chain_speedups.png").is_file() and json.loads((run / "best.json").read_text())
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "complete" and status["resumes"] == 1 and status["sessions_done"] == 4
+    assert not scratch_dir(run).exists()
+
+
+def test_flow_parameters_override_one_at_a_time_with_the_same_validation(harness, tmp_path):
+    from flows.seis_flow import seis
+    from seis.session.params import ParameterError, resolve_config
+    import inspect
+
+    # every RunConfig field is a flow parameter of its own, beside `config` and `resume`
+    assert set(inspect.signature(seis.fn).parameters) == set(RunConfig.model_fields) | {"config", "resume"}
+    deployment = {"protocol": "sync-chain", "chains": 3, "sessions": 6, "sync_every": 3, "gate": "full"}
+    merged = resolve_config(None, {**deployment, "chains": 2}).config     # one override keeps the rest
+    assert (merged.chains, merged.sessions, merged.sync_every, merged.gate) == (2, 6, 3, "full")
+    merged = resolve_config(deployment, {"chains": 2}).config              # the same over a whole `config`
+    assert (merged.chains, merged.sessions, merged.gate) == (2, 6, "full")
+    with pytest.raises(ParameterError, match="chains"):
+        resolve_config(None, {**deployment, "chains": 0})
+    with pytest.raises(ParameterError, match=r"sync_every \(3\) must not exceed sessions \(2\)"):
+        resolve_config(None, {**deployment, "sessions": 2})
+    # through Prefect: a bad value is refused before any work, with RunConfig's message
+    state = seis(chains=0, out=str(tmp_path / "run"), store=str(tmp_path / "store"), return_state=True)
+    assert state.is_failed() and "chains" in state.message and "greater than or equal to 1" in state.message
+    assert not (tmp_path / "run").exists()
+
+
+def _evolve(*args: str, **kw) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_URL")}
+    return subprocess.Popen([sys.executable, "-m", "seis.cli", "evolve", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
+
+
+def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared_dir):
+    """The run's process is killed (SIGKILL) while session 1's gate holds the GPU slot; --resume finishes it."""
+    run = tmp_path / "run"
+    proc = _evolve("--protocol", "chain", "--chains", "1", "--sessions", "2", "--model", "tiny-qwen3", "--device",
+                   "cpu", "--gate", "smoke", "--out", str(run), "--store", str(tmp_path / "store"))
+    s1 = run / "chains" / "c0" / "001"
+    deadline = time.monotonic() + 240
+    while not (s1 / "agent.json").is_file():       # session 1's agent has finished: its gate is starting
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "running" and status["note"]                   # half-finished, and says so
+    first = (run / "chains" / "c0" / "000" / "outcome.json").read_text()
+    agent0 = (run / "chains" / "c0" / "000" / "agent.json").stat().st_mtime_ns
+    assert not (s1 / "outcome.json").exists()
+
+    resumed = _evolve("--resume", str(run))
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert (run / "chains" / "c0" / "000" / "outcome.json").read_text() == first     # not redone
+    assert (run / "chains" / "c0" / "000" / "agent.json").stat().st_mtime_ns == agent0
+    assert "c0/s0 agent-edit" not in out and "c0/s1 agent-edit" in out
+    df = pd.read_parquet(run / "summary.parquet")
+    assert list(df.session) == [0, 1] and df.loc[1, "parent_snapshot"] == df.loc[0, "snapshot"]
+    assert json.loads((run / "status.json").read_text())["state"] == "complete"
+    # the killed attempt's GPU slot was released at once (not after its lease expired), its scratch removed
+    waited = [float(line.split("after waiting ")[1].split(" s")[0]) for line in out.splitlines()
+              if "GPU slot acquired after waiting" in line]
+    assert waited and max(waited) < 5, out
+    assert not scratch_dir(run).exists()
