@@ -66,15 +66,17 @@ def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, margi
         scores = ref.score([list(p) for p, _ in present], [o.token_ids for _, o in present], top_k=1) \
             if present else []
         valid = near_argmax(scores, margin) if scores else 0
-        checks.append(CheckResult.bounded(
-            f"{name}.greedy_valid", valid / total if total else None, lower=1 - tol["top1"],
-            detail=f"{valid} of {total or 0} timed tokens are the reference's top-1 within {margin:g} nats"))
-        checks.append(CheckResult.rules(f"{name}.stops", _false_stops(scores, [o for _, o in present], margin), n))
+        # Timed outputs are long (256 tokens): a candidate whose kernels round differently meets near-ties and
+        # diverges from the reference's text on most of them, so exactness is reported, not required; every
+        # token of the candidate's own text must still be a near-argmax of the reference.
         agree = greedy_agreement([o for o in van if o is not None], [c for c, v in zip(cand, van) if v is not None])
         checks.append(CheckResult.bounded(
-            f"{name}.greedy_exact", agree.exact_rate, lower=1 - tol["greedy"],
-            detail=f"token-exact vs the reference's own timed outputs: {agree.exact_rate:.3f} of {agree.requests}, "
-                   f"mean first divergence at token {agree.mean_first_divergence:.1f}"))
+            f"{name}.greedy_valid", valid / total if total else None, lower=1 - tol["top1"],
+            detail=f"{valid} of {total or 0} timed tokens are the reference's top-1 within {margin:g} nats; "
+                   f"token-exact vs the reference's timed outputs: {agree.exact_rate:.3f} of {agree.requests}, "
+                   f"mean first divergence at token {agree.mean_first_divergence:.1f}",
+            extra={"exact_rate": agree.exact_rate, "mean_first_divergence": agree.mean_first_divergence}))
+        checks.append(CheckResult.rules(f"{name}.stops", _false_stops(scores, [o for _, o in present], margin), n))
         natural = [not s.ignore_eos for s in sampling]
         if any(natural) and van and all(v is not None for v in van):
             ratio = length_ratio(van, cand, natural)
