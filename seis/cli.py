@@ -195,7 +195,7 @@ def evolve(
     max_cost_usd: Optional[float] = typer.Option(None, help="LLM agents: USD per session."),
     post_validate: Optional[str] = typer.Option(None, help="After the run, post-validate the best engine: off "
                                                            "(default), quick, full."),
-    gate: Optional[str] = typer.Option(None, help="Gate sizes: smoke, quick (default) or full."),
+    gate: Optional[str] = typer.Option(None, help="Gate sizes: smoke, quick or full (default: full on CUDA, else quick)."),
     device: Optional[str] = typer.Option(None, help="auto (default), cpu or cuda."),
     seed: Optional[int] = typer.Option(None, help="Seed (default 0)."),
     out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>); must be new or empty."),

@@ -26,7 +26,7 @@ class RunConfig(BaseModel):
     model: str = Field("tiny-qwen3", description="model name (seis models list) or a local HF directory")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     gate: Literal["smoke", "quick", "full"] = Field(
-        "quick", description="gate sizes: smoke (tests), quick (CPU-friendly) or full (GPU)")
+        "quick", description="gate sizes: smoke (tests), quick (CPU-friendly) or full (default on CUDA)")
     seed: int = 0
     post_validate: Literal["off", "quick", "full"] = Field(
         "off", description="after the run: post-validate the best retained engine against vanilla")
@@ -64,6 +64,14 @@ class RunConfig(BaseModel):
         default_factory=list, description="cli agent: names of environment variables handed to the cli process "
                                           "(its own API key); never to a dev benchmark or an SDK agent's shell")
     store: Path = Field(Path("store"), description="snapshot store (DVC-tracked when inside a DVC repo)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gate_for_device(cls, values):
+        """Unless chosen, the gate is the full one on CUDA (speed ratios that mean something), quick elsewhere."""
+        if isinstance(values, dict) and values.get("gate") is None:
+            values = {**values, "gate": "full" if _runs_on_cuda(values.get("device", "auto")) else "quick"}
+        return values
 
     @field_validator("out", "store")
     @classmethod
@@ -143,3 +151,10 @@ class RunConfig(BaseModel):
     def is_sync_point(self, session: int) -> bool:
         """Sync-chain: a fan-in happens before sessions N, 2N, ... (0-based session index)."""
         return self.protocol == "sync-chain" and session > 0 and session % self.sync_every == 0
+
+
+def _runs_on_cuda(device: str) -> bool:
+    if device != "auto":
+        return device == "cuda"
+    import torch  # lazy: only to resolve "auto"
+    return torch.cuda.is_available()

@@ -264,3 +264,10 @@ def test_prefect_yaml_deployments_are_valid_runs():
             assert config.protocol == name
     sync = names["sync-chain"]["parameters"]
     assert resolve_config(sync.get("config"), {k: v for k, v in sync.items() if k != "config"}).config.sync_every == 3
+
+
+def test_gate_defaults_to_full_on_cuda_and_quick_elsewhere(tmp_path):
+    assert RunConfig(out=tmp_path / "a", device="cuda").gate == "full"
+    assert RunConfig(out=tmp_path / "b", device="cpu").gate == "quick"
+    assert RunConfig(out=tmp_path / "c", device="cuda", gate="quick").gate == "quick"  # a choice is kept
+    assert resolve_config(None, {"device": "cuda", "gate": None, "out": str(tmp_path / "d")}).config.gate == "full"
