@@ -13,6 +13,7 @@ from seis.workspace import PeerMaterial, Report, copy_tree, diff_workspace, prep
 
 LIBRARY = {t.name: t for t in load_library()}
 NAMES = sorted(LIBRARY)
+SUPERSEDES = {n: t.supersedes for n, t in LIBRARY.items() if t.supersedes}
 
 
 def _ws(tmp_path, name="ws", reports=(), peers=()):
@@ -36,7 +37,7 @@ def test_applies_a_transformation_and_writes_the_report(tmp_path):
     agent = OfflineAgent()
     assert isinstance(agent, Agent)
     result = agent.edit(ws, SessionContext("c0", 1))
-    first = exploration_order(NAMES, 0)[0]
+    first = exploration_order(NAMES, 0, SUPERSEDES)[0]
     assert result.status == "edited" and result.applied == (first,) and result.attempted == (first,)
     assert ws.changed() and diff_workspace(ENGINE_TEMPLATE, ws.root)
     assert is_present(ws.root, ENGINE_TEMPLATE, LIBRARY[first])
@@ -56,11 +57,11 @@ def test_applies_a_transformation_and_writes_the_report(tmp_path):
 def test_chains_explore_in_different_orders(tmp_path):
     firsts = {OfflineAgent().edit(_ws(tmp_path, f"w{i}"), SessionContext(f"c{i}", 1, chain_index=i)).applied[0]
               for i in range(len(NAMES))}
-    assert firsts == set(NAMES)
+    assert firsts == set(NAMES) - {n for lesser in SUPERSEDES.values() for n in lesser}
 
 
 def test_never_retries_what_failed_or_was_rejected(tmp_path):
-    order = exploration_order(NAMES, 0)
+    order = exploration_order(NAMES, 0, SUPERSEDES)
     reports = [_report("c0", 1, failed=[order[0]]),
                _report("c0", 2, applied=[order[1]], verdict="rejected")]
     result = OfflineAgent().edit(_ws(tmp_path, reports=reports), SessionContext("c0", 3, inherited_reports=reports))
@@ -75,7 +76,7 @@ def test_never_retries_what_failed_or_was_rejected(tmp_path):
 def test_adopts_what_a_peer_retained_at_a_sync(tmp_path):
     peer_dir = tmp_path / "peer"
     copy_tree(ENGINE_TEMPLATE, peer_dir)
-    order = exploration_order(NAMES, 0)
+    order = exploration_order(NAMES, 0, SUPERSEDES)
     kept, blocked = order[-1], order[-2]
     for name in (kept, blocked):
         assert apply_transformation(peer_dir, ENGINE_TEMPLATE, LIBRARY[name]).outcome == "applied"
@@ -182,3 +183,13 @@ def test_rebase_carries_a_patch_onto_a_changed_e0(tmp_path):
     assert apply_transformation(a, ENGINE_TEMPLATE, carried).outcome == "applied"
     assert apply_transformation(b, ENGINE_TEMPLATE, t).outcome == "applied"
     assert tree_hash(a) == tree_hash(b)
+
+
+def test_what_supersedes_is_explored_before_what_it_supersedes():
+    sup = {"b-better": ("a-lesser",)}
+    names = ["a-lesser", "b-better", "c", "d"]
+    for i in range(len(names)):
+        order = exploration_order(names, i, sup)
+        assert sorted(order) == sorted(names) and order.index("b-better") < order.index("a-lesser")
+    assert exploration_order(names, 2, sup) == ["c", "d", "b-better", "a-lesser"]  # otherwise the chain's rotation
+    assert exploration_order(names, 0) == names

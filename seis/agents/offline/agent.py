@@ -22,12 +22,23 @@ from .library import Transformation, load_library
 from .merge import apply_transformation, is_present
 
 
-def exploration_order(names: list[str], chain_index: int) -> list[str]:
+def exploration_order(names: list[str], chain_index: int, supersedes: dict[str, tuple[str, ...]] | None = None
+                      ) -> list[str]:
+    """Library order rotated by the chain index, except that a transformation comes before those it supersedes
+    (trying the lesser one first would block the greater: their patches conflict)."""
     names = sorted(names)
     if not names:
         return []
     k = chain_index % len(names)
-    return names[k:] + names[:k]
+    order = names[k:] + names[:k]
+    for name, lesser in (supersedes or {}).items():
+        if name not in order:
+            continue
+        earlier = [n for n in lesser if n in order and order.index(n) < order.index(name)]
+        if earlier:
+            order.remove(name)
+            order.insert(min(order.index(n) for n in earlier), name)
+    return order
 
 
 class OfflineAgent:
@@ -91,7 +102,8 @@ class OfflineAgent:
 
         budget = context.budget
         if not adopted:
-            for name in exploration_order(list(self.library), context.chain_index):
+            supersedes = {n: t.supersedes for n, t in self.library.items() if t.supersedes}
+            for name in exploration_order(list(self.library), context.chain_index, supersedes):
                 if len(applied) >= budget.max_transformations or len(attempted) >= budget.max_attempts:
                     break
                 if name in present or name in blocked or not ready(name):
