@@ -6,6 +6,9 @@
               retained engine and reports; the agent decides what to adopt.
 
 Chains run concurrently (sessions are submitted together each round); build + gate steps queue on the GPU limit.
+With dispatch=workers each session is a `seis-session` flow run on a work pool instead (flows/session_flow.py,
+started by tasks/dispatch.py): this flow then keeps only the protocol state, fan-ins hand over snapshot ids, and
+engines move between hosts only through the snapshot store's DVC remote.
 
 Parameters: every RunConfig field is a parameter of its own (`--param chains=2`), on top of an optional whole
 `config` (a dict, or a RunConfig in-process); `resume=RUN_DIR` continues an interrupted run from its recorded
@@ -27,6 +30,7 @@ from flows.runtime import quiet_thread_timeout_notice
 from seis.config import RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.session import (ChainState, RunDir, initial_states, pick_best, session_spec, upstream_is_vanilla)
+from seis.session.dispatch import adopt_recorded, peer_refs, session_request
 from seis.session.display import rounded, run_label, run_tags, session_markdown, summary_artifact_markdown
 from seis.session.params import ParameterError, resolve_config
 from seis.session.preflight import preflight_run
@@ -36,6 +40,7 @@ from seis.session.resume import clear, finished, still_valid
 from seis.store import SnapshotStore
 from tasks.artifacts import stable_key
 from tasks.cleanup import release_run
+from tasks.dispatch import remote_session_task
 from tasks.gpu import ensure_gpu_limit, registry
 from tasks.postval import post_validate_task
 from tasks.session import session_task
@@ -56,7 +61,10 @@ def snapshot_vanilla_task(config: RunConfig, run: RunDir) -> str:
 
 @task(name="fan-in", task_run_name="s{session} fan-in", cache_policy=NO_CACHE)
 def fan_in_task(config: RunConfig, states: dict[str, ChainState], session: int) -> dict:
-    """Gather every chain's latest retained engine and reports; each chain gets all of its peers'."""
+    """Gather every chain's latest retained engine and reports; each chain gets all of its peers'. On workers, by
+    reference (snapshot ids and reports): each session restores its peers' engines from the DVC remote."""
+    if config.dispatch == "workers":
+        return peer_refs(states)
     return gather_peers(SnapshotStore(config.store), RunDir(config.out), states, session)
 
 
@@ -91,6 +99,8 @@ def seis(config: Optional[RunConfig | dict] = None,
          agent_network: Optional[Literal["none", "api", "host"]] = None,
          agent_api_endpoints: Optional[list[str]] = None,
          agent_pass_env: Optional[list[str]] = None,
+         dispatch: Optional[Literal["local", "workers"]] = None,
+         session_deployment: Optional[str] = None,
          ):
     """Run one SEIS evolution; returns the run directory (summary.parquet, summary.md, per-session files).
 
@@ -108,6 +118,8 @@ def seis(config: Optional[RunConfig | dict] = None,
     try:
         resolved = resolve_config(config, overrides, resume)
         run_config = resolved.config
+        if run_config.dispatch == "workers":
+            _check_workers_reachable(run_config)
         memory = preflight_run(run_config, resume=resolved.resume, resume_hint=RESUME_HINT)
     except (ParameterError, ValueError) as e:
         return Failed(message=f"refused before any work: {e}")
@@ -130,6 +142,25 @@ def seis(config: Optional[RunConfig | dict] = None,
         lock.__exit__(None, None, None)
 
 
+def _check_workers_reachable(config: RunConfig) -> None:
+    """dispatch=workers needs a Prefect server (workers never see a temporary one) that knows the session
+    deployment."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise ValueError("dispatch=workers needs a Prefect server with workers on its pool: set PREFECT_API_URL "
+                         "(README, 'Scale-out: sessions on GPU workers')")
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(config.session_deployment)
+        except ObjectNotFound:
+            raise ValueError(f"no deployment {config.session_deployment} on {PREFECT_API_URL.value()}: deploy it "
+                             f"first (prefect deploy --prefect-file flows/session-deployments.yaml --name cuda)"
+                             ) from None
+
+
 def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
     old = run.status()
     total = config.chains * config.sessions
@@ -137,6 +168,7 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
                    resumes=(old.resumes + 1) if (resumed and old is not None) else 0)
     with scratch(run.root) as scratch_root:
         registry().add_run(flow_run_id, run.root, scratch_root)
+        interrupted = False
         try:
             vanilla, outcomes, failures = _sessions(config, run, resumed)
             if failures:
@@ -153,9 +185,11 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
             raise
         except BaseException as e:  # interrupted (SIGTERM, Ctrl-C): the run is resumable
             run.set_status("crashed", message=f"interrupted ({type(e).__name__})")
+            interrupted = True      # its registry entry is left to the flow's hooks: a cancellation says so there
             raise
         finally:
-            registry().drop_run(flow_run_id)
+            if not interrupted:
+                registry().drop_run(flow_run_id)
 
 
 def _sessions(config: RunConfig, run: RunDir, resumed: bool):
@@ -170,6 +204,8 @@ def _sessions(config: RunConfig, run: RunDir, resumed: bool):
         recorded = {}
         for chain in config.chain_ids():
             parent = vanilla if upstream_is_vanilla(config) else states[chain].snapshot
+            if resumed and config.dispatch == "workers":
+                adopt_recorded(store, run.session_dir(chain, session))
             outcome = finished(run.session_dir(chain, session), store) if resumed else None
             if outcome is not None and still_valid(outcome, config.protocol, parent, redone):
                 recorded[chain] = outcome
@@ -183,11 +219,17 @@ def _sessions(config: RunConfig, run: RunDir, resumed: bool):
         futures = {}
         for chain in todo:
             clear(run.session_dir(chain, session))    # what an interrupted attempt left: redone from its parent
-            spec = session_spec(config, run, vanilla, states, peers, session, chain)
             upstream = [vanilla_future] if upstream_is_vanilla(config) else [latest[chain]]
+            after = upstream + [f for f in (fan_in_future,) if f]
             with tags(*run_tags(chain, session)):
-                futures[chain] = session_task.submit(quote(config), quote(spec), quote(config.store),
-                                                     wait_for=upstream + [f for f in (fan_in_future,) if f])
+                if config.dispatch == "workers":      # the same protocol rules, the session on a worker
+                    request = session_request(config, run, store, vanilla, states, peers, session, chain)
+                    futures[chain] = remote_session_task.submit(quote(request), config.session_deployment,
+                                                                quote(config.store), wait_for=after)
+                else:
+                    spec = session_spec(config, run, vanilla, states, peers, session, chain)
+                    futures[chain] = session_task.submit(quote(config), quote(spec), quote(config.store),
+                                                         wait_for=after)
         wait(list(futures.values()))
         for chain in config.chain_ids():
             if chain in recorded:

@@ -1,6 +1,7 @@
 """`seis` command line. Each command validates its input, then calls the library."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -201,6 +202,11 @@ def evolve(
     out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>); must be new or empty."),
     store: Optional[Path] = typer.Option(None, help="Snapshot store (default store/; DVC-tracked inside a DVC "
                                                     "repo)."),
+    dispatch: Optional[str] = typer.Option(None, help="local (default: sessions in this process) or workers (each "
+                                                      "session a `seis-session` flow run on a work pool; needs "
+                                                      "PREFECT_API_URL)."),
+    session_deployment: Optional[str] = typer.Option(None, help="dispatch=workers: the session deployment "
+                                                                "(default seis-session/cuda)."),
     resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR",
                                           help="Continue an interrupted run from its recorded config: finished "
                                                "sessions are kept, the rest are redone."),
@@ -210,7 +216,7 @@ def evolve(
                   agent=agent, gate=gate, device=device, seed=seed, store=store, post_validate=post_validate,
                   out=out, agent_model=agent_model, agent_base_url=agent_base_url, agent_command=agent_command,
                   max_turns=max_turns, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
-                  agent_network=agent_network,
+                  agent_network=agent_network, dispatch=dispatch, session_deployment=session_deployment,
                   agent_pass_env=[n.strip() for n in agent_pass_env.split(",") if n.strip()]
                   if agent_pass_env else None)
     config = _evolve_preflight(values, resume)
@@ -234,6 +240,9 @@ def _evolve_preflight(values: dict, resume: Optional[Path]):
         for name, value in resolved.ignored.items():
             typer.secho(f"note: --{name.replace('_', '-')} {value} ignored: --resume uses the run's recorded config",
                         fg=typer.colors.YELLOW, err=True)
+        if resolved.config.dispatch == "workers" and not os.environ.get("PREFECT_API_URL"):
+            raise ValueError("--dispatch workers needs a Prefect server with workers on its pool: set "
+                             "PREFECT_API_URL (README, 'Scale-out: sessions on GPU workers')")
         preflight_run(resolved.config, resume=resolved.resume)
     except (ParameterError, ValueError) as e:
         _fail(str(e))

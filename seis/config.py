@@ -64,6 +64,12 @@ class RunConfig(BaseModel):
         default_factory=list, description="cli agent: names of environment variables handed to the cli process "
                                           "(its own API key); never to a dev benchmark or an SDK agent's shell")
     store: Path = Field(Path("store"), description="snapshot store (DVC-tracked when inside a DVC repo)")
+    dispatch: Literal["local", "workers"] = Field(
+        "local", description="where sessions run: local (threads of this flow run) or workers (one `seis-session` "
+                             "flow run per session on a work pool; needs a Prefect server and a shared DVC remote)")
+    session_deployment: str = Field(
+        "seis-session/cuda", pattern=r"^[^/]+/[^/]+$",
+        description="dispatch=workers: the session deployment (flow/deployment), e.g. seis-session/cpu")
 
     @model_validator(mode="before")
     @classmethod

@@ -18,7 +18,11 @@ def release_run(flow, flow_run, state) -> None:
         from prefect.logging import get_run_logger
         logger = get_run_logger()
     except Exception:
-        pass
+        try:  # run by the worker after the flow-run process died: no run context, but the run's log all the same
+            from prefect.logging.loggers import flow_run_logger
+            logger = flow_run_logger(flow_run, flow)
+        except Exception:
+            pass
     released = release_flow_run(str(flow_run.id), logger)
     reg = registry()
     resources = reg.run(str(flow_run.id))
@@ -26,8 +30,9 @@ def release_run(flow, flow_run, state) -> None:
         shutil.rmtree(resources.scratch, ignore_errors=True)
         root = Path(resources.run_dir)
         status = read_status(root)
-        if status is not None and status.state == "running":
-            kind = "cancelled" if state.is_cancelled() or state.is_cancelling() else "crashed"
+        kind = "cancelled" if state.is_cancelled() or state.is_cancelling() else "crashed"
+        # A run stopped by SIGTERM marks itself crashed before this hook runs; a cancellation is told only here.
+        if status is not None and (status.state == "running" or (status.state == "crashed" and kind == "cancelled")):
             write_status(root, kind, message=f"the flow run {flow_run.name} was {kind}: {state.message or ''}"
                          .strip())
         reg.drop_run(str(flow_run.id))

@@ -17,6 +17,18 @@ GPU_LIMIT = "seis-gpu"
 LEASE_S = 60.0          # the server's minimum; renewed every ~45 s while held
 
 
+def device_limit(device_slot: str = "") -> str:
+    """The limit a session's build and gate hold: the run's one `seis-gpu`, or, for a session on a worker that owns
+    a device (dispatch=workers), one limit per device of its host, `seis-gpu-<host>-<device>`: the workers of one
+    host never share a device, those of two hosts never wait for each other."""
+    if not device_slot:
+        return GPU_LIMIT
+    import re
+    import socket
+    host = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()).strip("-") or "host"
+    return f"{GPU_LIMIT}-{host}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', device_slot)}"
+
+
 def registry() -> Registry:
     from prefect.settings import PREFECT_HOME
     return Registry(Path(PREFECT_HOME.value()) / "seis")
@@ -28,7 +40,7 @@ def api_key() -> str:
     return PREFECT_API_URL.value() or f"ephemeral:{PREFECT_HOME.value()}"
 
 
-def ensure_gpu_limit(slots: int = 1) -> None:
+def ensure_gpu_limit(slots: int = 1, name: str = GPU_LIMIT) -> None:
     """Create the global concurrency limit if it is missing (an existing one is left as its owner set it), and
     release the leases of holders that no longer exist.
 
@@ -40,14 +52,17 @@ def ensure_gpu_limit(slots: int = 1) -> None:
     release_stale()
     with get_client(sync_client=True) as client:
         try:
-            limit = client.read_global_concurrency_limit_by_name(GPU_LIMIT)
+            limit = client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=GPU_LIMIT, limit=slots))
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
+            except Exception:  # created meanwhile by another worker or run
+                client.read_global_concurrency_limit_by_name(name)
             return
         if limit.active_slots and api_key().startswith("ephemeral:") and \
                 not any(lease.alive for lease in registry().leases(api_key())):
             # This run's own database, its earlier server gone with its in-memory leases: nobody holds a slot.
-            client.update_global_concurrency_limit(GPU_LIMIT, GlobalConcurrencyLimitUpdate(active_slots=0))
+            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=0))
 
 
 def release(leases, logger=None) -> int:
@@ -79,7 +94,7 @@ def release_flow_run(flow_run_id: str, logger=None) -> int:
 
 
 @contextmanager
-def gpu_slot(label: str = "gpu step"):
+def gpu_slot(label: str = "gpu step", limit: str = GPU_LIMIT):
     """Hold the GPU slot for a build or gate, logging the wait (and who holds the slot meanwhile) so that time
     queued shows as waiting, not work."""
     from prefect import get_run_logger
@@ -92,10 +107,10 @@ def gpu_slot(label: str = "gpu step"):
     logger = get_run_logger()
     reg = registry()
     holders = [lease.label for lease in reg.leases(api_key())]
-    logger.info("waiting for the GPU slot (%s)%s", GPU_LIMIT, f"; held by {', '.join(holders)}" if holders else "")
+    logger.info("waiting for the GPU slot (%s)%s", limit, f"; held by {', '.join(holders)}" if holders else "")
     t0 = time.monotonic()
     holder = ConcurrencyLeaseHolder(type="task_run", id=task_run.id) if task_run.id else None
-    lease = acquire_concurrency_slots_with_lease([GPU_LIMIT], 1, lease_duration=LEASE_S, strict=True,
+    lease = acquire_concurrency_slots_with_lease([limit], 1, lease_duration=LEASE_S, strict=True,
                                                  holder=holder)
     reg.add_lease(str(lease.lease_id), str(flow_run.id), label, api_key())
     logger.info("GPU slot acquired after waiting %.1f s", time.monotonic() - t0)

@@ -25,7 +25,7 @@ from seis.session.timeouts import step_timeouts
 from seis.store import SnapshotStore
 
 from .artifacts import stable_key
-from .gpu import gpu_slot
+from .gpu import device_limit, gpu_slot
 
 _NAME = "{spec.chain}/s{spec.session} "
 
@@ -45,7 +45,7 @@ def agent_edit_task(config: RunConfig, spec: SessionSpec, workspace):
 @task(name="build-and-gate", task_run_name=_NAME + "build-and-gate", cache_policy=NO_CACHE)
 def gate_task(config: RunConfig, spec: SessionSpec, workspace, parent_dir: Path):
     # The evaluator builds every engine (weights, KV cache, CUDA graphs) in its own process, then gates.
-    with gpu_slot(run_label(spec.chain, spec.session) + " build-and-gate"):
+    with gpu_slot(run_label(spec.chain, spec.session) + " build-and-gate", device_limit(spec.device_slot)):
         return judge(config, spec, workspace, parent_dir)
 
 

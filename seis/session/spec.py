@@ -19,6 +19,7 @@ class SessionSpec:
     inherited: tuple[Report, ...] = ()                   # this chain's earlier reports, oldest first
     peers: tuple[PeerMaterial, ...] = ()                 # at a sync: every other chain's latest retained engine
     synced_from: tuple[str, ...] = field(default_factory=tuple)
+    device_slot: str = ""                                # dispatch=workers: the device its worker owns ('' = none)
 
 
 @dataclass(frozen=True)

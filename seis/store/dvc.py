@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,8 +65,32 @@ class DvcRepo:
         done = self.run("remote", "default", check=False)
         return done.stdout.strip() or None if done.returncode == 0 else None
 
+    def remote_url(self) -> str | None:
+        """The default remote's URL as DVC resolves it (None when there is no default remote)."""
+        done = self.run("remote", "list", check=False)
+        for line in done.stdout.splitlines() if done.returncode == 0 else ():
+            name, _, rest = line.strip().partition("\t") if "\t" in line else line.strip().partition(" ")
+            if rest.strip().endswith("(default)"):
+                url = rest.strip().removesuffix("(default)").strip()
+                if not re.match(r"^[a-z0-9+]+://", url) and not Path(url).is_absolute():
+                    url = str((self.root / ".dvc" / url).resolve())  # relative URLs are relative to .dvc/
+                return url or None
+        return None
+
     def push(self, dvc_file: Path) -> None:
-        self.run("push", dvc_file.name, cwd=dvc_file.parent)
+        """Push to the default remote. Pushes to a local-directory remote (a shared filesystem, other clones and
+        hosts writing to it too) are serialised by a lock file in it, so that no two repositories write at once."""
+        if not hasattr(self, "_push_lock"):
+            url = self.remote_url()
+            local = url is not None and (url.startswith("file://") or not re.match(r"^[a-z0-9+]+://", url))
+            object.__setattr__(self, "_push_lock",
+                               Path(url.removeprefix("file://")) / ".seis-push.lock" if local else None)
+        lock = self._push_lock
+        if lock is None:
+            self.run("push", dvc_file.name, cwd=dvc_file.parent)
+            return
+        with FileLock(lock, self.lock_timeout_s):
+            self.run("push", dvc_file.name, cwd=dvc_file.parent)
 
     def pull(self, dvc_file: Path) -> None:
         self.run("pull", dvc_file.name, cwd=dvc_file.parent)

@@ -42,6 +42,22 @@ class SnapshotInfo:
     meta: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SnapshotRef:
+    """What another store needs to restore a snapshot from the shared DVC remote: its manifest and its .dvc file
+    (small metadata that travels as data; the engine's bytes travel only through the remote)."""
+    id: str
+    manifest: dict
+    dvc_file: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "manifest": self.manifest, "dvc_file": self.dvc_file}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SnapshotRef":
+        return cls(d["id"], d["manifest"], d.get("dvc_file"))
+
+
 class SnapshotStore:
     def __init__(self, root: str | Path, use_dvc: bool | None = None, id_len: int = 16,
                  lock_timeout_s: float = 600.0):
@@ -140,6 +156,47 @@ class SnapshotStore:
             raise StoreError(f"restored snapshot {info.id} in {dest} does not match its manifest (store corrupted?)")
         return dest
 
+    def export_ref(self, snapshot_id: str) -> SnapshotRef:
+        """The snapshot's metadata for another store (its files must be in the DVC remote for that store to
+        restore them: `put` pushes them there)."""
+        info = self.info(snapshot_id)
+        manifest = json.loads(self._manifest(info.id).read_text(encoding="utf-8"))
+        dvc_file = self.root / f"{info.id}.dvc"
+        return SnapshotRef(info.id, manifest, dvc_file.read_text(encoding="utf-8") if info.dvc else None)
+
+    def import_ref(self, ref: SnapshotRef) -> bool:
+        """Record a snapshot made by another store (its files come from the DVC remote on `get`/`fetch`); returns
+        whether it was new here. A ref that contradicts what is stored, or whose id is not its tree hash, is
+        refused."""
+        manifest = ref.manifest
+        if not self._id.match(ref.id) or manifest.get("id") != ref.id or \
+                not str(manifest.get("tree_hash", "")).startswith(ref.id):
+            raise StoreError(f"snapshot ref {ref.id!r} is inconsistent (its id must be its tree hash's prefix)")
+        with self._lock():
+            if self._manifest(ref.id).is_file():
+                if self._load(ref.id).tree_hash != manifest["tree_hash"]:
+                    raise StoreError(f"snapshot ref {ref.id} names another tree than the one stored here")
+                return False
+            if manifest.get("dvc"):
+                if self.dvc is None or not ref.dvc_file:
+                    raise StoreError(f"snapshot {ref.id} lives in a DVC remote but {self.root} is not in a DVC "
+                                     f"repository with that remote")
+                (self.root / f"{ref.id}.dvc").write_text(ref.dvc_file, encoding="utf-8")
+            part = self._manifest(ref.id).with_suffix(".json.part")
+            part.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+            os.replace(part, self._manifest(ref.id))
+        return True
+
+    def fetch(self, snapshot_id: str) -> str:
+        """Make the snapshot's files present here; returns where they came from: "present", "cache" (this
+        machine's DVC cache) or "remote" (pulled from the DVC remote). Its tree hash is checked either way."""
+        info = self.info(snapshot_id)
+        with self._lock():
+            source = self._ensure_present(info)
+        if source != "present" and tree_hash(info.path) != info.tree_hash:
+            raise StoreError(f"snapshot {info.id} restored from the DVC {source} does not match its manifest")
+        return source
+
     def info(self, snapshot_id: str) -> SnapshotInfo:
         return self._load(self._check_id(snapshot_id))
 
@@ -169,19 +226,22 @@ class SnapshotStore:
         return SnapshotInfo(m["id"], m["tree_hash"], self.root / m["id"], len(m["files"]),
                             sum(f["size"] for f in m["files"]), m["created"], bool(m["dvc"]), m.get("meta", {}))
 
-    def _ensure_present(self, info: SnapshotInfo) -> None:
-        """A tracked snapshot whose directory was removed (e.g. a fresh clone) comes back from the DVC cache."""
+    def _ensure_present(self, info: SnapshotInfo) -> str:
+        """A tracked snapshot whose directory was removed (e.g. a fresh clone) comes back from the DVC cache, or
+        from the remote when another machine made it. Returns "present", "cache" or "remote"."""
         if info.path.is_dir():
-            return
+            return "present"
         if info.dvc and self.dvc is not None:
             dvc_file = self.root / f"{info.id}.dvc"
+            source = "cache"
             try:
                 self.dvc.checkout(dvc_file)
             except DvcError:
                 if not self._remote():
                     raise
                 self.dvc.pull(dvc_file)  # not in the local cache (another machine made it): fetch it
+                source = "remote"
             if info.path.is_dir():
-                return
+                return source
         raise StoreError(f"snapshot {info.id}'s files are missing from {info.path}"
                          + (" and DVC could not restore them" if info.dvc else ""))

@@ -1,0 +1,308 @@
+"""dispatch=workers on loopback: a Prefect server, two process workers standing in for two GPU hosts (each its own
+folder, DVC repository, store, Prefect home and device slot) and one shared local DVC remote. A sync-chain run on
+tiny-qwen3 (offline agent, smoke gate) puts its sessions on both workers as `seis-session` flow runs, engines cross
+between them only through the remote, and the lineage is the in-process (dispatch=local) run's."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from seis.config import RunConfig
+from seis.session.dispatch import SessionReply
+from seis.store import SnapshotStore, dvc_command
+from seis.workspace import tree_hash
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = REPO_ROOT / "seis" / "agents" / "offline" / "library"
+LINEAGE = ["chain", "session", "parent_snapshot", "snapshot", "retained", "verdict", "applied", "adopted",
+           "synced_from"]
+WORKERS = {"host-a": "0", "host-b": "1"}       # worker name -> the device slot it owns
+RUN_TIMEOUT_S = 480   # both runs, from the server's start (about 4 minutes on 2 idle cores)
+
+pytestmark = pytest.mark.skipif(dvc_command() is None, reason="needs DVC")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prefect_env(home: Path, api: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_API_URL=api, DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_CLI_PROMPT="false", PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_HEARTBEAT_SECONDS="5",
+               PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY="false", **extra)
+    return env
+
+
+def _start(cmd: list[str], env: dict, log: Path, cwd: Path = REPO_ROOT) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _run(cmd: list[str], env: dict, cwd: Path = REPO_ROOT) -> str:
+    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"{' '.join(cmd)}: {done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def _dvc_repo(root: Path, remote: Path) -> Path:
+    """A folder standing in for a host's clone: its own DVC repository whose default remote is the shared one."""
+    root.mkdir(parents=True)
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    _run([*dvc_command(), "init", "-q", "--no-scm"], env, cwd=root)
+    _run([*dvc_command(), "remote", "add", "-d", "shared", str(remote)], env, cwd=root)
+    return root / "store"
+
+
+def _wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout_s: float = 150) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()
+        try:
+            with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the Prefect server did not start in {timeout_s} s: {log.read_text()[-3000:]}")
+
+
+def _library(tmp_path: Path) -> Path:
+    lib = tmp_path / "library"
+    for name in ("batched-scoring", "decode-pinned-metadata"):
+        shutil.copytree(LIBRARY / name, lib / name)
+    return lib
+
+
+class _Run(threading.Thread):
+    """The orchestrating `seis` flow in a thread of this process, against the test server (as `seis evolve` with
+    PREFECT_API_URL does)."""
+
+    def __init__(self, config: RunConfig | None, api: str, home: Path, **params):
+        super().__init__(daemon=True)
+        self.config, self.api, self.home, self.params, self.state, self.error = config, api, home, params, None, None
+
+    def run(self) -> None:
+        from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+        from flows.seis_flow import seis
+        try:
+            with temporary_settings({PREFECT_API_URL: self.api, PREFECT_HOME: str(self.home)}):
+                self.state = seis(self.config, return_state=True, **self.params)
+        except BaseException as e:  # noqa: BLE001 - reported by result()
+            self.error = e
+
+    def result(self, deadline: float, logs: Path) -> Path:
+        self.join(max(1.0, deadline - time.monotonic()))
+        tails = {p.name: p.read_text()[-3000:] for p in logs.iterdir()}
+        assert not self.is_alive(), f"the run did not finish in time: {tails}"
+        assert self.error is None, self.error
+        assert self.state.is_completed(), (self.state.message, tails)
+        return Path(self.state.result())
+
+
+def _create_pool(api: str, name: str) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    with temporary_settings({PREFECT_API_URL: api}):
+        with get_client(sync_client=True) as client:
+            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+
+
+def _wait_workers_online(api: str, pool: str, names: set[str], deadline: float, logs: Path) -> None:
+    """Both workers polling before the run starts, so that neither takes every session of a round alone."""
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    with temporary_settings({PREFECT_API_URL: api}):
+        with get_client(sync_client=True) as client:
+            while time.monotonic() < deadline:
+                online = {w.name for w in client.read_workers_for_work_pool(pool) if w.status == "ONLINE"}
+                if names <= online:
+                    return
+                time.sleep(1)
+    raise AssertionError(f"workers {names} not online: {[p.read_text()[-2000:] for p in logs.iterdir()]}")
+
+
+def test_sync_chain_on_two_workers_matches_the_local_run(tmp_path, prepared_dir):
+    t0 = time.monotonic()
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    remote = tmp_path / "dvc-remote"
+    remote.mkdir()
+    orch_store = _dvc_repo(tmp_path / "orchestrator", remote)
+    stores = {name: _dvc_repo(tmp_path / name, remote) for name in WORKERS}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs: list[subprocess.Popen] = []
+    base = dict(protocol="sync-chain", chains=2, sessions=2, sync_every=1, model="tiny-qwen3", device="cpu",
+                gate="smoke", agent_library=_library(tmp_path))
+    try:
+        server_env = _prefect_env(tmp_path / "server-home", api, PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
+                                  PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED="false")
+        server = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                         str(port)], server_env, logs / "server.log")
+        procs.append(server)
+        _wait_healthy(api, server, logs / "server.log")
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        # The reference: the same run in-process (dispatch=local), while the workers start and then run theirs.
+        local_run = _Run(RunConfig(**base, out=tmp_path / "local-run", store=tmp_path / "local-store"), api,
+                         tmp_path / "local-home")
+        local_run.start()
+        _create_pool(api, "seis-cpu")
+        _run([sys.executable, "-m", "prefect", "deploy", "--prefect-file", "flows/session-deployments.yaml",
+              "--name", "cpu"], _prefect_env(tmp_path / "cli-home", api))
+        for name, device in WORKERS.items():  # each its own Prefect home, store and device, as on its own host
+            env = _prefect_env(tmp_path / name / ".prefect", api, CUDA_VISIBLE_DEVICES=device,
+                               SEIS_STORE=str(stores[name]), SEIS_WORKER_NAME=name)
+            procs.append(_start([sys.executable, "-m", "prefect", "worker", "start", "--pool", "seis-cpu",
+                                 "--work-queue", "sessions", "--limit", "1", "--name", name, "--type", "process"],
+                                env, logs / f"{name}.log"))
+        _wait_workers_online(api, "seis-cpu", set(WORKERS), deadline, logs)
+        workers_run = _Run(RunConfig(**base, out=tmp_path / "workers-run", store=orch_store, dispatch="workers",
+                                     session_deployment="seis-session/cpu"), api, tmp_path / "orchestrator-home")
+        workers_run.start()
+        local_dir = local_run.result(deadline, logs)
+        run_dir = workers_run.result(deadline, logs)
+        for proc in procs:
+            assert proc.poll() is None, {p.name: p.read_text()[-2000:] for p in logs.iterdir()}
+
+        # The lineage (parents, retained, verdicts, applied and adopted transformations, fan-ins) is the local one.
+        local = pd.read_parquet(local_dir / "summary.parquet")[LINEAGE]
+        remote_df = pd.read_parquet(run_dir / "summary.parquet")[LINEAGE]
+        pd.testing.assert_frame_equal(remote_df.reset_index(drop=True), local.reset_index(drop=True))
+        assert local.retained.any() and (local.session == 1).any()
+        assert all(s == "c1" for s in local[(local.session == 1) & (local.chain == "c0")].synced_from)
+
+        # Every session ran on a worker, both workers ran sessions, each on its own device.
+        replies = {(r.chain, r.session): r for r in
+                   (SessionReply.load(run_dir / "chains" / c / f"{s:03d}") for c, s in zip(local.chain, local.session))}
+        assert all(r is not None and not r.failure for r in replies.values()), replies
+        assert {r.worker.worker for r in replies.values()} == set(WORKERS), replies
+        for r in replies.values():
+            assert r.worker.device == WORKERS[r.worker.worker]
+            assert Path(r.worker.store) == stores[r.worker.worker]
+        # An engine made on one worker reached the other only through the DVC remote (pulled, hash-checked).
+        made_on = {r.snapshot["id"]: r.worker.worker for r in replies.values() if r.snapshot}
+        crossed = [(sid, made_on[sid], r.worker.worker) for r in replies.values()
+                   for sid, where in r.fetched.items() if where == "remote" and made_on.get(sid, r.worker.worker)
+                   != r.worker.worker]
+        assert crossed, {k: (r.worker.worker, r.fetched) for k, r in replies.items()}
+        # The fan-in's peers came from the worker's own store: each peer engine restored byte for byte.
+        for (chain, session), r in replies.items():
+            if session == 1:
+                peer = "c1" if chain == "c0" else "c0"
+                want = local[(local.chain == peer) & (local.session == 0)].snapshot.iloc[0]
+                assert want in r.fetched
+                assert tree_hash(run_dir / "chains" / chain / "001" / "synced" / peer) == \
+                    SnapshotStore(stores[r.worker.worker]).info(want).tree_hash
+        # The orchestrator holds every engine's ref; their bytes are in the remote (its own cache never had them).
+        orch = SnapshotStore(orch_store)
+        for sid in made_on:
+            restored = orch.get(sid, tmp_path / "check" / sid)
+            assert tree_hash(restored) == orch.info(sid).tree_hash
+        # Resume across workers, from an orchestrator store that never saw the workers' engines: the sessions
+        # recorded by the workers are kept (their refs adopted from worker.json), none is dispatched again.
+        for sid in made_on:
+            for suffix in (".json", ".dvc"):
+                (orch_store / f"{sid}{suffix}").unlink()
+        resumed = _Run(None, api, tmp_path / "orchestrator-home", resume=str(run_dir))
+        resumed.start()
+        assert resumed.result(time.monotonic() + 120, logs) == run_dir
+        again = pd.read_parquet(run_dir / "summary.parquet")[LINEAGE]
+        pd.testing.assert_frame_equal(again.reset_index(drop=True), local.reset_index(drop=True))
+        assert all(sid in orch for sid in made_on)
+        # Each device has its own GPU slot on the server; no session ran twice.
+        from prefect import get_client
+        from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+        with temporary_settings({PREFECT_API_URL: api}):
+            with get_client(sync_client=True) as client:
+                names = {limit.name for limit in client.read_global_concurrency_limits(limit=100)}
+                sessions = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["seis-session"])))
+        assert len(sessions) == len(local), [r.name for r in sessions]
+        from tasks.gpu import device_limit
+        assert {device_limit(d) for d in WORKERS.values()} <= names, names
+        print(f"both runs done after {time.monotonic() - t0:.0f} s; engines crossed: {crossed}")
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+def test_a_snapshot_ref_must_name_its_own_tree(tmp_path):
+    """A worker records a ref only if its id is its tree hash and it does not contradict what is stored."""
+    from seis.engine_import import ENGINE_TEMPLATE
+    from seis.store import SnapshotRef, StoreError
+    from seis.workspace.tree import copy_tree
+
+    engine = tmp_path / "engine"
+    copy_tree(ENGINE_TEMPLATE, engine)
+    a, b = SnapshotStore(tmp_path / "a", use_dvc=False), SnapshotStore(tmp_path / "b", use_dvc=False)
+    ref = a.export_ref(a.put(engine))
+    forged = SnapshotRef(ref.id, {**ref.manifest, "tree_hash": "0" * 64}, ref.dvc_file)
+    with pytest.raises(StoreError, match="inconsistent"):
+        b.import_ref(forged)
+    assert ref.id not in b
+    assert b.import_ref(ref) and not b.import_ref(ref)     # recorded once
+    lookalike = {**ref.manifest, "tree_hash": ref.id + "f" * (64 - len(ref.id))}   # same id, another tree
+    with pytest.raises(StoreError, match="another tree"):
+        b.import_ref(SnapshotRef(ref.id, lookalike, None))
+    with pytest.raises(StoreError, match="missing"):       # a plain store cannot fetch what it never had
+        b.fetch(ref.id)
+
+
+def test_workers_dispatch_without_a_server_is_refused_before_any_work(tmp_path):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.seis_flow import _check_workers_reachable
+    config = RunConfig(dispatch="workers", out=tmp_path / "run", store=tmp_path / "store", gate="smoke",
+                       device="cpu")
+    with temporary_settings({PREFECT_API_URL: None}):
+        with pytest.raises(ValueError, match="PREFECT_API_URL"):
+            _check_workers_reachable(config)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="session_deployment"):
+        RunConfig(dispatch="workers", session_deployment="no-slash")
+
+
+def test_session_deployments_load_and_fit_their_pools():
+    """flows/session-deployments.yaml: the installed Prefect's schema, the `seis-session` flow, one GPU and one CPU
+    deployment on the `sessions` queue of their pools (a worker on it never takes a whole run)."""
+    import yaml
+    from prefect.cli.deploy._models import PrefectYamlModel
+    from prefect.flows import load_flow_from_entrypoint
+
+    spec = yaml.safe_load((REPO_ROOT / "flows" / "session-deployments.yaml").read_text())
+    PrefectYamlModel.model_validate(spec)
+    deployments = {d["name"]: d for d in spec["deployments"]}
+    assert {n: (d["work_pool"]["name"], d["work_pool"]["work_queue_name"]) for n, d in deployments.items()} == \
+        {"cuda": ("seis-cuda", "sessions"), "cpu": ("seis-cpu", "sessions")}
+    assert RunConfig().session_deployment == "seis-session/cuda"
+    for d in deployments.values():
+        path, _, func = d["entrypoint"].partition(":")
+        flow = load_flow_from_entrypoint(f"{REPO_ROOT / path}:{func}")
+        assert flow.name == "seis-session" and set(flow.parameters.model_dump()["properties"]) == {"request"}
