@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .host import runs_on_cuda
+
 Protocol = Literal["branching", "chain", "sync-chain"]
 AgentKind = Literal["offline", "anthropic", "openai", "cli"]
 
@@ -76,7 +78,7 @@ class RunConfig(BaseModel):
     def _gate_for_device(cls, values):
         """Unless chosen, the gate is the full one on CUDA (speed ratios that mean something), quick elsewhere."""
         if isinstance(values, dict) and values.get("gate") is None:
-            values = {**values, "gate": "full" if _runs_on_cuda(values.get("device", "auto")) else "quick"}
+            values = {**values, "gate": "full" if runs_on_cuda(values.get("device", "auto")) else "quick"}
         return values
 
     @field_validator("out", "store")
@@ -157,10 +159,3 @@ class RunConfig(BaseModel):
     def is_sync_point(self, session: int) -> bool:
         """Sync-chain: a fan-in happens before sessions N, 2N, ... (0-based session index)."""
         return self.protocol == "sync-chain" and session > 0 and session % self.sync_every == 0
-
-
-def _runs_on_cuda(device: str) -> bool:
-    if device != "auto":
-        return device == "cuda"
-    import torch  # lazy: only to resolve "auto"
-    return torch.cuda.is_available()

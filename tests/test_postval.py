@@ -519,14 +519,14 @@ def test_default_context_is_lowered_to_what_two_kv_caches_fit(monkeypatch):
 
     # Free memory for two caches of 4 x 8,500 tokens (plus the weights' share): the context drops to 8,192.
     free = (2 * (2 * weights + 2**31) + 2 * per_tok * 4 * 8500) / 0.8
-    monkeypatch.setattr(plan_mod, "_mem_available", lambda: free)
+    monkeypatch.setattr(plan_mod, "available_ram_bytes", lambda: free)
     p = plan()
     plan_mod._fit_memory(p)
     assert p.context == 8192 and "context lowered from 25600 to 8192" in p.notes[0]
     with pytest.raises(PostValError, match="--max-batch-size or --max-seq-len"):  # explicit: never changed
         plan_mod._fit_memory(plan(max_seq_len=16384))
     roomy = plan()
-    monkeypatch.setattr(plan_mod, "_mem_available", lambda: 1000 * free)
+    monkeypatch.setattr(plan_mod, "available_ram_bytes", lambda: 1000 * free)
     plan_mod._fit_memory(roomy)
     assert roomy.context == 25600 and not roomy.notes
 

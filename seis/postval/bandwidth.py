@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..host import nvml_handle
 from ..models.config import read_model_config
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1,
@@ -133,15 +133,3 @@ class EnergyMeter:
         if not self.available:
             return None
         return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) / 1000.0
-
-
-def nvml_handle(pynvml, device: str):
-    """The NVML handle of the GPU a child sees as `device`, honouring CUDA_VISIBLE_DEVICES."""
-    index = int(device.split(":")[1]) if ":" in device else 0
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if visible:
-        entry = visible[index]
-        if entry.isdigit():
-            return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
-        return pynvml.nvmlDeviceGetHandleByUUID(entry)
-    return pynvml.nvmlDeviceGetHandleByIndex(index)

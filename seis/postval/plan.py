@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bandwidth import kv_bytes_per_token, nvml_handle, weight_bytes_per_token
+from ..host import available_ram_bytes, free_gpu_bytes, runs_on_cuda
+from .bandwidth import kv_bytes_per_token, weight_bytes_per_token
 from .config import PostValConfig, PostValError
 
 
@@ -358,14 +359,14 @@ def _fit_memory(plan: Plan) -> None:
     an explicit --max-seq-len that does not fit is an error that names the flags to lower.
     """
     c = plan.config
-    on_cpu = _runs_on_cpu(c.device)
+    on_cpu = not runs_on_cuda(c.device)
     dtype = c.dtype if c.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
     try:
         per_tok = kv_bytes_per_token(plan.model_dir, dtype)
         weights = weight_bytes_per_token(plan.model_dir, dtype)
     except (KeyError, ValueError, OSError):
         return
-    free = _mem_available() if on_cpu else _gpu_free(c.device)
+    free = available_ram_bytes() if on_cpu else free_gpu_bytes(c.device)
     if not free:
         return
     where = "the CPU" if on_cpu else f"GPU {c.device}"
@@ -386,39 +387,6 @@ def _fit_memory(plan: Plan) -> None:
         f"the two engines' KV caches need {need / 2**30:.1f} GiB on {where} (max_batch_size "
         f"{c.max_batch_size} x context {plan.context} each) but only {free / 2**30:.1f} GiB is free; "
         f"lower --max-batch-size or --max-seq-len (or use --quick)")
-
-
-def _gpu_free(device: str) -> int | None:
-    """Free bytes on the GPU the engines will use, from NVML (the parent process never initialises CUDA)."""
-    try:
-        import pynvml  # nvidia-ml-py; optional
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml_handle(pynvml, device)).free)
-    except Exception:  # NVML trouble only skips the check; the engines then report real OOMs
-        return None
-
-
-def _runs_on_cpu(device: str) -> bool:
-    if device == "cpu":
-        return True
-    if device != "auto":
-        return False
-    import torch  # lazy: only to learn where "auto" lands
-
-    return not torch.cuda.is_available()
-
-
-def _mem_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def fetch_snapshot(snapshot_id: str, store_root: Path, dest: Path) -> Path:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import RunConfig
+from ..host import available_ram_bytes, free_gpu_bytes, runs_on_cuda
 
 GiB = 2**30
 OVERHEAD_BYTES = GiB // 2       # per engine: interpreter, torch, activations, CUDA graphs / allocator slack
@@ -62,7 +63,7 @@ def estimate_gate_memory(config: RunConfig, available_bytes: int | None = None,
     gate = gate_config(config, candidate=Path("."))
     model_dir = resolve_model(config.model)
     model = read_model_config(model_dir)
-    on_cpu = _on_cpu(config.device) if on_cpu is None else on_cpu
+    on_cpu = not runs_on_cuda(config.device) if on_cpu is None else on_cpu
     dtype = "float32" if on_cpu else "bfloat16"      # E0's "auto": float32 on a CPU, bfloat16 on CUDA
     width = dtype_bytes(dtype)
     try:
@@ -75,7 +76,7 @@ def estimate_gate_memory(config: RunConfig, available_bytes: int | None = None,
     weights = sum(safetensors_numels(model_dir).values()) * width
     engines = 3 if gate.speed.enabled else 2
     if available_bytes is None:
-        available_bytes = _mem_available() if on_cpu else _gpu_free(config.device)
+        available_bytes = available_ram_bytes() if on_cpu else free_gpu_bytes(config.device)
     return MemoryEstimate("CPU RAM" if on_cpu else "GPU memory", engines, weights, kv_tokens * per_token, kv_tokens,
                           per_token, OVERHEAD_BYTES, available_bytes, dtype)
 
@@ -90,34 +91,6 @@ def check_gate_memory(config: RunConfig, available_bytes: int | None = None,
             f"the gates of this run cannot fit: {est.describe()}. Free about {short} GiB, or use a smaller model "
             f"or gate (gate=quick / smoke: shorter contexts).")
     return est
-
-
-def _on_cpu(device: str) -> bool:
-    if device != "auto":
-        return device == "cpu"
-    import torch  # only to learn where "auto" lands
-    return not torch.cuda.is_available()
-
-
-def _mem_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _gpu_free(device: str) -> int | None:
-    """Free bytes on the GPU (NVML; the parent process never initialises CUDA). Unknown: not checked."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        index = int(device.split(":", 1)[1]) if ":" in device else 0
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).free)
-    except Exception:
-        return None
 
 
 def preflight_run(config: RunConfig, resume: bool = False, resume_hint: str = "--resume {out}") -> MemoryEstimate:
