@@ -24,6 +24,7 @@ def release_run(flow, flow_run, state) -> None:
         except Exception:
             pass
     released = release_flow_run(str(flow_run.id), logger)
+    ended = _end_task_runs(flow_run, state, logger)
     reg = registry()
     resources = reg.run(str(flow_run.id))
     if resources is not None:
@@ -36,5 +37,29 @@ def release_run(flow, flow_run, state) -> None:
             write_status(root, kind, message=f"the flow run {flow_run.name} was {kind}: {state.message or ''}"
                          .strip())
         reg.drop_run(str(flow_run.id))
-    logger.info("run cleanup after %s: %d GPU slot lease(s) released, scratch removed", state.type.value.lower(),
-                released)
+    logger.info("run cleanup after %s: %d GPU slot lease(s) released, %d unfinished task run(s) ended, scratch "
+                "removed", state.type.value.lower(), released, ended)
+
+
+def _end_task_runs(flow_run, state, logger) -> int:
+    """A killed flow run cannot end its own task runs, and the UI would show them Running for ever: give each
+    unfinished one the run's end (Crashed or Cancelled)."""
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterState,
+                                                    TaskRunFilterStateType)
+        from prefect.client.schemas.objects import StateType
+        from prefect.states import Cancelled, Crashed
+
+        end = Cancelled if state.is_cancelled() or state.is_cancelling() else Crashed
+        unfinished = TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(
+            any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED])))
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+                                         task_run_filter=unfinished)
+            for run in runs:
+                client.set_task_run_state(run.id, end(message=f"its flow run {flow_run.name} ended"), force=True)
+        return len(runs)
+    except Exception as e:  # cleanup goes on: leases and scratch matter more than the UI
+        logger.warning("could not end the flow run's unfinished task runs: %s", e)
+        return 0

@@ -256,6 +256,10 @@ class Prefect:
         reply = self.http.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 200})
         return reply.raise_for_status().json()
 
+    def unfinished_task_runs(self, flow_run_id: str) -> list[str]:
+        return [tr["name"] for tr in self.task_runs(flow_run_id)
+                if tr.get("state_type") in ("RUNNING", "PENDING", "SCHEDULED")]
+
     def completed(self, flow_run_id: str, step: str) -> Counter:
         """(chain, session) -> how many of the flow run's `cX/sN <step>` task runs completed."""
         out = Counter()
@@ -369,6 +373,8 @@ def test_a_killed_flow_run_resumes_with_every_session_exactly_once(prefect_serve
     freed_s = time.monotonic() - t_kill
     assert p.wait_state(first, {"CRASHED", "FAILED", "CANCELLED", "COMPLETED"}, 60) == "CRASHED"
     p.wait_log(first, r"run cleanup after crashed: 1 GPU slot lease\(s\) released")     # the worker's hook
+    _until("no task run of the killed flow run left Running", lambda: not p.unfinished_task_runs(first), 30, p, 0.5)
+    assert "CRASHED" in {tr["state_type"] for tr in p.task_runs(first)}
     _until("the killed run's scratch dir removed", lambda: not p.scratch_left(), 30, p, 0.5)
     assert not [q for q in family if _alive(q)], "processes of the killed run are still running"
     assert not _mentioning(f"{p.tmp}/seis-", run)
@@ -426,6 +432,8 @@ def test_a_cancelled_run_leaves_nothing_running_and_the_next_gate_starts_at_once
     assert p.active_slots() == 0 and not p.leases()
     assert not p.scratch_left()
     assert _status(run)["state"] == "cancelled"
+    _until("no task run of the cancelled flow run left Running", lambda: not p.unfinished_task_runs(flow_run), 30,
+           p, 0.5)
     assert not [f for f in ("gate.json", "outcome.json") if (run / "chains" / "c0" / "000" / f).exists()]
 
     # the next run (the cancelled one, resumed) gets the slot at once and completes
