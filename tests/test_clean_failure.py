@@ -183,3 +183,23 @@ def test_workspace_store_and_evaluator_hash_a_workspace_alike(tmp_path):
     assert tree_sha256(ws.root) == tree_hash(ws.root) == tree_hash(ENGINE_TEMPLATE)
     judged = snapshot(ws.root, tmp_path / "judged")
     assert judged.sha256 == tree_hash(ws.root) and not (judged.path / "reports").exists()
+
+
+def test_overlapping_runs_in_one_process_leave_tempfile_usable_and_remove_their_scratch(tmp_path):
+    import tempfile
+
+    from seis.session.resources import scratch
+
+    before = tempfile.gettempdir()
+    a, b = scratch(tmp_path / "run-a"), scratch(tmp_path / "run-b")
+    root_a = a.__enter__()
+    root_b = b.__enter__()
+    made_in_b = Path(tempfile.mkdtemp())  # run a's thread, while b is the latest: its file lies in b's dir
+    assert made_in_b.parent == root_b
+    b.__exit__(None, None, None)  # b ends first: a is still working, and a's file in b's dir must survive
+    assert made_in_b.is_dir() and tempfile.gettempdir() == str(root_a)
+    a.__exit__(None, None, None)
+    assert tempfile.gettempdir() == before and Path(before).is_dir()
+    assert not root_a.exists() and not root_b.exists()
+    with tempfile.TemporaryDirectory() as d:  # tempfile works after both (it pointed at a removed dir before)
+        assert Path(d).is_dir()

@@ -116,20 +116,37 @@ def scratch_dir(run_dir: Path) -> Path:
 
 
 _scratch_lock = threading.Lock()
+_active: list[Path] = []     # scratch dirs of the runs now working in this process, in the order they began
+_finished: list[Path] = []   # ended runs' dirs, removed once no run of this process is working
+_original_tempdir: str | None = None
 
 
 @contextlib.contextmanager
 def scratch(run_dir: Path):
     """Send every `tempfile` directory of this process under the run's scratch dir while the run works, and
-    remove it afterwards (also what an interrupted attempt left there)."""
+    remove it afterwards (also what an interrupted attempt left there). Runs may overlap in one process (threads):
+    `tempfile` then points at the latest one still working, and since a run's files can lie in another run's dir,
+    the dirs of ended runs are removed only when no run of the process is left working."""
+    global _original_tempdir
     root = scratch_dir(run_dir)
     with _scratch_lock:
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        previous, tempfile.tempdir = tempfile.tempdir, str(root)
+        if not _active:
+            _original_tempdir = tempfile.tempdir
+        if root in _finished:  # ended earlier in this process, possibly holding other runs' files: keep it
+            _finished.remove(root)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        _active.append(root)
+        tempfile.tempdir = str(root)
     try:
         yield root
     finally:
         with _scratch_lock:
-            tempfile.tempdir = previous
-            shutil.rmtree(root, ignore_errors=True)
+            _active.remove(root)
+            _finished.append(root)
+            tempfile.tempdir = str(_active[-1]) if _active else _original_tempdir
+            if not _active:
+                for d in _finished:
+                    shutil.rmtree(d, ignore_errors=True)
+                _finished.clear()
