@@ -3,15 +3,19 @@
     python scripts/bench_gemv.py [--m 1,2,4,8] [--dtype bfloat16] [--sweep]
 
 Each variant runs as 200 back-to-back calls inside one CUDA graph (launch overhead as the engine sees it under
-graphs); the time is the median of 5 replays, per call. Prints one JSON object: per shape and M, microseconds per
+graphs), cycling through enough copies of W to pass 256 MB, so W streams from memory as the engine's 28 layers
+do and not from L2; the time is the median of 5 replays, per call. Prints one JSON object: per shape and M, microseconds per
 call and the GB/s that W (plus activations) would need, for the fused kernel (default tiles) and for E0's
 F.linear + separate norm / activation kernels. --sweep also times BLOCK_N x BLOCK_K x num_warps combinations and
-reports the best, to retune triton_gemv.tiles() on a new GPU. Needs CUDA; builds E0 + triton-gemv in a temp dir.
+reports the best, to retune triton_gemv.tiles() on a new GPU (kernels compiled first in --jobs processes).
+Needs CUDA; builds E0 + triton-gemv in a temp dir.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import itertools
+import multiprocessing
 import json
 import statistics
 import sys
@@ -24,17 +28,18 @@ REPO = Path(__file__).resolve().parent.parent
 CALLS, REPEATS = 200, 5
 HIDDEN, Q, QKV, INTER, VOCAB = 1024, 2048, 4096, 3072, 151936  # Qwen3-0.6B
 EPS = 1e-6
+ROTATE_BYTES = 256 << 20  # W copies cycled per graph: well past the H200's 50 MB L2
 
 
 def _time_us(fn) -> float:
-    """Median over REPEATS graph replays of CALLS back-to-back fn() calls, in microseconds per call."""
-    for _ in range(2):  # compile / warm up outside the capture
-        fn()
+    """Median over REPEATS graph replays of CALLS back-to-back fn(i) calls, in microseconds per call."""
+    for i in range(2):  # compile / warm up outside the capture
+        fn(i)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
+        for i in range(CALLS):
+            fn(i)
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -49,7 +54,8 @@ def _time_us(fn) -> float:
 
 
 def _shapes(m: int, dtype: torch.dtype, ops, gemv):
-    """name -> (bytes moved, fused(**tile), unfused(), K, N) for the five projections of a layer + the LM head."""
+    """name -> (bytes moved, fused(i, **tile), unfused(i), K, N) for the five projections of a layer + the LM
+    head; call i uses copy i % copies of W."""
     import torch.nn.functional as F
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -58,44 +64,88 @@ def _shapes(m: int, dtype: torch.dtype, ops, gemv):
 
     x, r, a, gu = rnd(m, HIDDEN), rnd(m, HIDDEN), rnd(m, Q), rnd(m, 2 * INTER)
     nw = rnd(HIDDEN) + 1
-    w = {"qkv": rnd(QKV, HIDDEN), "o_proj": rnd(HIDDEN, Q), "gate_up": rnd(2 * INTER, HIDDEN),
-         "down": rnd(HIDDEN, INTER), "lm_head": rnd(VOCAB, HIDDEN)}
-    rows = torch.arange(m, device="cuda")
     size = torch.finfo(dtype).bits // 8
+    shapes = {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER),
+              "lm_head": (VOCAB, HIDDEN)}
+    w = {name: [rnd(n, k) for _ in range(max(1, -(-ROTATE_BYTES // (n * k * size))))]
+         for name, (n, k) in shapes.items()}
+    rows = torch.arange(m, device="cuda")
+
+    def W(name, i):
+        return w[name][i % len(w[name])]
 
     def moved(name, k_in):
-        n, k = w[name].shape
+        n, k = shapes[name]
         return (n * k + m * (k_in + n)) * size
 
     return {
         # E0's add_rmsnorm is in place: the unfused variants run on copies made once (values drift; timing doesn't).
-        "qkv": (moved("qkv", 2 * HIDDEN), lambda **t: gemv.norm_gemv(x, r, nw, EPS, w["qkv"], **t),
-                lambda xs=x.clone(), rs=r.clone(): F.linear(ops.add_rmsnorm(xs, rs, nw, EPS)[0], w["qkv"]),
+        "qkv": (moved("qkv", 2 * HIDDEN), lambda i, **t: gemv.norm_gemv(x, r, nw, EPS, W("qkv", i), **t),
+                lambda i, xs=x.clone(), rs=r.clone(): F.linear(ops.add_rmsnorm(xs, rs, nw, EPS)[0], W("qkv", i)),
                 HIDDEN, QKV),
-        "o_proj": (moved("o_proj", Q), lambda **t: gemv.gemv(a, w["o_proj"], **t),
-                   lambda: F.linear(a, w["o_proj"]), Q, HIDDEN),
-        "gate_up": (moved("gate_up", 2 * HIDDEN), lambda **t: gemv.norm_gemv(x, r, nw, EPS, w["gate_up"], **t),
-                    lambda xs=x.clone(), rs=r.clone(): F.linear(ops.add_rmsnorm(xs, rs, nw, EPS)[0], w["gate_up"]),
+        "o_proj": (moved("o_proj", Q), lambda i, **t: gemv.gemv(a, W("o_proj", i), **t),
+                   lambda i: F.linear(a, W("o_proj", i)), Q, HIDDEN),
+        "gate_up": (moved("gate_up", 2 * HIDDEN), lambda i, **t: gemv.norm_gemv(x, r, nw, EPS, W("gate_up", i), **t),
+                    lambda i, xs=x.clone(), rs=r.clone(): F.linear(ops.add_rmsnorm(xs, rs, nw, EPS)[0],
+                                                                   W("gate_up", i)),
                     HIDDEN, 2 * INTER),
-        "down": (moved("down", 2 * INTER), lambda **t: gemv.silu_mul_gemv(gu, w["down"], **t),
-                 lambda: F.linear(ops.silu_and_mul(gu), w["down"]), INTER, HIDDEN),
+        "down": (moved("down", 2 * INTER), lambda i, **t: gemv.silu_mul_gemv(gu, W("down", i), **t),
+                 lambda i: F.linear(ops.silu_and_mul(gu), W("down", i)), INTER, HIDDEN),
         "lm_head": (moved("lm_head", 2 * HIDDEN),
-                    lambda **t: gemv.norm_gemv(x, r, nw, EPS, w["lm_head"], rows=rows, **t),
-                    lambda xs=x.clone(), rs=r.clone(): F.linear(
-                        ops.add_rmsnorm(xs, rs, nw, EPS)[0].index_select(0, rows), w["lm_head"]),
+                    lambda i, **t: gemv.norm_gemv(x, r, nw, EPS, W("lm_head", i), rows=rows, **t),
+                    lambda i, xs=x.clone(), rs=r.clone(): F.linear(
+                        ops.add_rmsnorm(xs, rs, nw, EPS)[0].index_select(0, rows), W("lm_head", i)),
                     HIDDEN, VOCAB),
     }
 
 
-def _sweep(fused, m: int, n: int, k: int) -> dict:
+def _configs(m: int, k: int) -> list[tuple[int, int, int]]:
+    """(block_n, block_k, num_warps) worth timing: at most 128 accumulators and at least 8 W elements (16 bytes
+    of bf16) a thread, no wider than the row."""
     import triton
+    out = []
+    for block_n, block_k, warps in itertools.product((2, 4, 8, 16, 32, 64), (128, 256, 512, 1024, 2048),
+                                                     (1, 2, 4, 8)):
+        tile = triton.next_power_of_2(m) * block_n * block_k
+        if tile <= 4096 * warps and block_k <= triton.next_power_of_2(k) and block_n * block_k >= 256 * warps:
+            out.append((block_n, block_k, warps))
+    return out
+
+
+def _engine(engine_dir: Path):
+    from seis.engine_import import import_engine
+    import_engine(engine_dir)
+    from engine.kernels import Ops, triton_gemv, triton_ops
+    return Ops("triton", triton_ops), triton_gemv
+
+
+def _compile(engine_dir: str, m: int, dtype: str, name: str, configs: list) -> int:
+    """In a worker process: launch each tile config once, so Triton's on-disk cache holds its kernel."""
+    sys.path.insert(0, str(REPO))
+    ops, gemv = _engine(Path(engine_dir))
+    fused = _shapes(m, getattr(torch, dtype), ops, gemv)[name][1]
+    for block_n, block_k, warps in configs:
+        fused(0, block_n=block_n, block_k=block_k, num_warps=warps)
+    torch.cuda.synchronize()
+    return len(configs)
+
+
+def _precompile(engine_dir: Path, ms: list[int], dtype: str, jobs: int) -> None:
+    work = []
+    for m in ms:
+        for name, (n, k) in {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN),
+                             "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}.items():
+            configs = _configs(m, k)
+            work += [(str(engine_dir), m, dtype, name, configs[i::4]) for i in range(4)]
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        list(pool.map(_compile, *zip(*work)))
+
+
+def _sweep(fused, m: int, n: int, k: int) -> dict:
     best = None
-    for block_n, block_k, warps in itertools.product((4, 8, 16, 32, 64, 128), (64, 128, 256, 512, 1024, 2048),
-                                                     (2, 4, 8)):
-        if (triton.next_power_of_2(m) * block_n * block_k > 4096 * warps or block_k > triton.next_power_of_2(k)
-                or block_n * block_k < 256 * warps):
-            continue  # > 128 accumulators a thread, wider than the row, or under 8 W elements a thread
-        us = _time_us(lambda: fused(block_n=block_n, block_k=block_k, num_warps=warps))
+    for block_n, block_k, warps in _configs(m, k):
+        us = _time_us(lambda i: fused(i, block_n=block_n, block_k=block_k, num_warps=warps))
         if best is None or us < best["us"]:
             best = {"us": round(us, 2), "block_n": block_n, "block_k": block_k, "num_warps": warps,
                     "programs": -(-n // block_n)}
@@ -107,23 +157,25 @@ def main() -> None:
     ap.add_argument("--m", default="1", help="comma-separated token counts (<= 8)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--sweep", action="store_true", help="also search tile parameters per shape")
+    ap.add_argument("--jobs", type=int, default=8, help="processes compiling the sweep's kernels")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
     sys.path.insert(0, str(REPO))
     from seis.agents.offline.library import load_library
     from seis.agents.offline.verify import build_candidate
-    from seis.engine_import import import_engine
 
     dtype = getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory(prefix="seis-bench-gemv-") as tmp:
         t = {t.name: t for t in load_library()}["triton-gemv"]
-        import_engine(build_candidate(Path(tmp) / "engine", [t]))
-        from engine.kernels import Ops, triton_gemv, triton_ops
-        ops = Ops("triton", triton_ops)
+        engine_dir = build_candidate(Path(tmp) / "engine", [t])
+        ms = [int(v) for v in args.m.split(",")]
+        if args.sweep:
+            _precompile(engine_dir, ms, args.dtype, args.jobs)
+        ops, triton_gemv = _engine(engine_dir)
         report = {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "calls_per_graph": CALLS,
                   "median_of": REPEATS, "results": {}}
-        for m in (int(v) for v in args.m.split(",")):
+        for m in ms:
             for name, (nbytes, fused, unfused, k, n) in _shapes(m, dtype, ops, triton_gemv).items():
                 fused_us, e0_us = _time_us(fused), _time_us(unfused)
                 tiles = triton_gemv.tiles(m, n, k)
