@@ -8,6 +8,8 @@ do and not from L2; the time is the median of 5 replays, per call. Prints one JS
 call and the GB/s that W (plus activations) would need, for the fused kernel (default tiles) and for E0's
 F.linear + separate norm / activation kernels. --sweep also times BLOCK_N x BLOCK_K x num_warps combinations and
 reports the best, to retune triton_gemv.tiles() on a new GPU (kernels compiled first in --jobs processes).
+"layer m=M" times one decoder layer's four fused projections back to back, with and without programmatic
+dependent launch.
 Needs CUDA; builds E0 + triton-gemv in a temp dir.
 """
 from __future__ import annotations
@@ -187,6 +189,12 @@ def main() -> None:
                     entry["best"] = _sweep(fused, m, n, k)
                     entry["best"]["gbps"] = round(nbytes / entry["best"]["us"] / 1e3, 1)
                 report["results"][f"{name} m={m}"] = entry
+            # A decoder layer's four projections back to back, as the engine runs them: with and without
+            # programmatic dependent launch (each GEMV's first W loads overlapping the previous kernel's tail).
+            fns = [v[1] for name, v in _shapes(m, dtype, ops, triton_gemv).items() if name != "lm_head"]
+            report["results"][f"layer m={m}"] = {
+                f"pdl_{pdl}_us": round(_time_us(lambda i, pdl=pdl: [f(i, pdl=pdl) for f in fns]), 2)
+                for pdl in (False, True)}
     print(json.dumps(report, indent=2))
 
 
