@@ -221,7 +221,8 @@ def run_gate(config: GateConfig) -> GateResult:
                 timings["speed"] = time.monotonic() - mark
                 mark = time.monotonic()
                 checks += timed_checks(ref, timed, calibration, config.thresholds.greedy_margin,
-                                       ref.build_info["eos_token_ids"], vocab, wl.budget.max_seq_len)
+                                       config.thresholds.stop_margin, ref.build_info["eos_token_ids"], vocab,
+                                       wl.budget.max_seq_len)
                 timings["timed_checks"] = time.monotonic() - mark
             stats = {role: h.stats() for role, h in handles.items() if h.usable}
         finally:

@@ -4,7 +4,7 @@ shortcut, layers skipped late in long outputs, junk while pinned, early fake EOS
 
 Per speed workload, over all repetitions: every request answered; lengths and EOS rules; greedy token agreement
 with the reference's own timed outputs; the reference's scoring of the candidate's tokens (each its top-1 up to a
-near-tie); every EOS the candidate stopped at must be the reference's near-top-1 there; and at natural length the
+near-tie); every EOS the candidate stopped at must be within the stop margin of the reference's top-1 there; and at natural length the
 summed output length must match the reference's. Tolerances are the correctness checks' calibrated ones.
 """
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _false_stops(scores, outs: list[GenerationOut], margin: float) -> list[str]:
     return problems
 
 
-def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, margin: float, eos_ids: list[int],
-                 vocab: int, max_seq_len: int) -> list[CheckResult]:
+def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, margin: float, stop_margin: float,
+                 eos_ids: list[int], vocab: int, max_seq_len: int) -> list[CheckResult]:
     tol = cal.tolerance
     checks: list[CheckResult] = []
     for wl in timed.sets:
@@ -76,7 +76,8 @@ def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, margi
                    f"token-exact vs the reference's timed outputs: {agree.exact_rate:.3f} of {agree.requests}, "
                    f"mean first divergence at token {agree.mean_first_divergence:.1f}",
             extra={"exact_rate": agree.exact_rate, "mean_first_divergence": agree.mean_first_divergence}))
-        checks.append(CheckResult.rules(f"{name}.stops", _false_stops(scores, [o for _, o in present], margin), n))
+        checks.append(CheckResult.rules(f"{name}.stops", _false_stops(scores, [o for _, o in present], stop_margin),
+                                        n))
         natural = [not s.ignore_eos for s in sampling]
         if any(natural) and van and all(v is not None for v in van):
             ratio = length_ratio(van, cand, natural)
