@@ -152,7 +152,9 @@ def _child(engine_dir: str, out: str) -> None:
                 ref = torch_ops.norm_linear_rows(x, r, idx, nw, eps, w)
                 want = F.linear(torch_ops.add_rmsnorm(x, r, nw, eps)[0].index_select(0, idx), w)
                 assert torch.equal(ref, want), "torch norm_linear_rows must be E0's sequence"
+                x0, r0 = x.clone(), r.clone()
                 close(triton_ops.norm_linear_rows(x, r, idx, nw, eps, w), want, dtype, f"lm_head {dtype} {rows}")
+                assert torch.equal(x, x0) and torch.equal(r, r0), f"lm_head {rows} changed its inputs"
 
     def case_tiles():
         # Tails in N and K with several K chunks, under explicit tiles (as the benchmark's sweep sets them).
