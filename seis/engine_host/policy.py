@@ -6,10 +6,9 @@ import functools
 import os
 import subprocess
 from collections.abc import Mapping
-from glob import glob
 from pathlib import Path
 
-from ..sandbox import Bind, Limits, SandboxPolicy, allowed_env
+from ..sandbox import Bind, Limits, SandboxPolicy, allowed_env, sandbox_gpus
 
 HOST_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = HOST_DIR.parents[1]
@@ -22,10 +21,6 @@ def cache_env(root: str) -> dict[str, str]:
     `root` inside the sandbox."""
     return {"XDG_CACHE_HOME": root, "TRITON_CACHE_DIR": f"{root}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor",
             "FLASHINFER_WORKSPACE_BASE": root, "CUDA_CACHE_PATH": f"{root}/nv", "TORCH_EXTENSIONS_DIR": f"{root}/ext"}
-
-
-def wants_gpu(device: str | None) -> bool:
-    return device != "cpu" and bool(glob("/dev/nvidia*"))
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,15 +49,13 @@ def engine_policy(engine_dir: Path, model_dir: Path, device: str | None, env: Ma
         binds.append(Bind(cache_dir, CACHE_MOUNT, writable=True))
     full_env = {**allowed_env(), **cache_env(CACHE_MOUNT if cache_dir is not None else "/tmp/cache"),
                 **(env or {})}
-    for key in [k for k in full_env if k.startswith(("CUDA_VISIBLE", "NVIDIA_VISIBLE"))]:
-        if device == "cpu":
-            full_env.pop(key)
-    gpu = wants_gpu(device)
+    minors, full_env = sandbox_gpus(device, full_env)  # only the GPUs CUDA_VISIBLE_DEVICES names exist inside
+    gpu = minors != ()
     if gpu and libcuda_dir():
         full_env.setdefault("TRITON_LIBCUDA_PATH", libcuda_dir())
         if not libcuda_dir().startswith(("/usr/", "/lib")):  # outside the system view: show it read-only
             binds.append(Bind(Path(libcuda_dir()), libcuda_dir()))
-    return SandboxPolicy(tuple(binds), full_env, cwd="/tmp", gpu=gpu,
+    return SandboxPolicy(tuple(binds), full_env, cwd="/tmp", gpu=gpu, gpu_minors=minors if gpu else None,
                          limits=Limits(memory_bytes=memory_bytes))
 
 

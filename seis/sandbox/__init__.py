@@ -9,8 +9,9 @@ its own PID, mount, IPC, UTS and network namespaces (loopback only), a read-only
 names, a private RAM-backed /tmp, an allow-listed environment and per-process limits. Nothing else exists for it.
 """
 from .bwrap import INSTALL_HINT, SandboxUnavailable, bwrap_version
+from .gpus import sandbox_gpus
 from .policy import OFFLINE_ENV, Bind, Limits, SandboxPolicy, allowed_env
 from .process import SandboxError, SandboxedProcess, frozen
 
 __all__ = ["INSTALL_HINT", "OFFLINE_ENV", "Bind", "Limits", "SandboxError", "SandboxPolicy", "SandboxUnavailable",
-           "SandboxedProcess", "allowed_env", "bwrap_version", "frozen"]
+           "SandboxedProcess", "allowed_env", "bwrap_version", "frozen", "sandbox_gpus"]

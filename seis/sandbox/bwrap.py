@@ -12,9 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
-from glob import glob
 from pathlib import Path
 
+from .gpus import gpu_args
 from .policy import SandboxPolicy
 
 # The read-only system: programs, libraries, compilers (Triton and FlashInfer build at run time), and the few
@@ -139,14 +139,6 @@ def _mounts(mounts: list[tuple[str, str, bool]]) -> list[str]:
     return args
 
 
-def gpu_args() -> list[str]:
-    args: list[str] = []
-    for dev in sorted(glob("/dev/nvidia*")) + sorted(glob("/dev/nvidia-caps/*")):
-        if not os.path.isdir(dev):
-            args += ["--dev-bind", dev, dev]
-    return args
-
-
 def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: int,
             forbidden: tuple[Path, ...]) -> list[str]:
     """The full bwrap invocation running argv under policy (uid: the sandbox user, or None when unprivileged)."""
@@ -158,7 +150,7 @@ def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: in
             "--perms", "1777", "--size", str(lim.scratch_bytes), "--tmpfs", "/tmp",
             "--perms", "1777", "--dir", "/tmp/home"]
     if policy.gpu:
-        args += gpu_args()
+        args += gpu_args(policy.gpu_minors)
     mounts = [(p, p, False) for p in python_paths(forbidden)]
     mounts += [(str(b.src), b.dest, b.writable) for b in policy.binds]
     args += _mounts(mounts)

@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...sandbox import Bind, Limits, SandboxedProcess, SandboxError, SandboxPolicy, SandboxUnavailable, allowed_env
+from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPolicy, SandboxUnavailable, allowed_env,
+                         sandbox_gpus)
 from ...sandbox.policy import SAFE_PATH
 from ...workspace import PEERS_DIR, REPORTS_DIR
 
@@ -88,13 +89,10 @@ class AgentSandbox:
         full_env = {**allowed_env(), **cache_env(), "PATH": sandbox_path(), "HOME": SCRATCH_HOME, "TERM": "dumb",
                     "SEIS_WORKSPACE": WORKSPACE, **({"SEIS_MODEL_DIR": MODEL} if self.model_dir else {}),
                     **(env or {})}
-        if self.device == "cpu":
-            for key in [k for k in full_env if k.startswith(("CUDA_VISIBLE", "NVIDIA_VISIBLE"))]:
-                full_env.pop(key)
-        from glob import glob
-        gpu = self.device != "cpu" and bool(glob("/dev/nvidia*"))
-        return SandboxPolicy(tuple(binds), full_env, cwd=WORKSPACE, gpu=gpu, limits=self.limits,
-                             network=network or "none")
+        minors, full_env = sandbox_gpus(self.device, full_env)  # only the session's GPUs exist inside
+        gpu = minors != ()
+        return SandboxPolicy(tuple(binds), full_env, cwd=WORKSPACE, gpu=gpu, gpu_minors=minors if gpu else None,
+                             limits=self.limits, network=network or "none")
 
 
 @dataclass
