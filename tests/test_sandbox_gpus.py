@@ -37,7 +37,7 @@ def test_visible_devices_name_gpus_by_index_or_uuid() -> None:
     assert visible_minors("2,0", HOST) == (1, 2)
     assert visible_minors("GPU-bbbb-2222", HOST) == (0,)
     assert visible_minors("GPU-cccc", HOST) == (1,)  # a unique UUID prefix, as CUDA accepts
-    assert visible_minors("1", []) == (1,)          # no driver information: the index is the minor
+    assert visible_minors("1", []) is None           # no driver information: no guess, every GPU's node
     for bad in ("3", "GPU-dddd", "GPU-", "0,0", "MIG-aaaa-1111/1/0"):
         with pytest.raises(ValueError):
             visible_minors(bad, HOST)
@@ -59,6 +59,8 @@ def test_inside_the_gpus_are_renumbered_in_the_hosts_order(monkeypatch) -> None:
     minors, env = sandbox_gpus("cuda", {"CUDA_VISIBLE_DEVICES": "2,0"}, HOST)
     assert minors == (1, 2) and env["CUDA_VISIBLE_DEVICES"] == "1,0"
     assert sandbox_gpus("cuda", {}, HOST) == (None, {})
+    assert sandbox_gpus("cuda", {"CUDA_VISIBLE_DEVICES": ""}, HOST) == ((), {"CUDA_VISIBLE_DEVICES": ""})
+    assert sandbox_gpus("cuda", {"CUDA_VISIBLE_DEVICES": "GPU-x"}, []) == (None, {"CUDA_VISIBLE_DEVICES": "GPU-x"})
     assert sandbox_gpus("cpu", {"CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "all"}, HOST) == ((), {})
     monkeypatch.setattr(gpus, "device_nodes", lambda: [])
     assert sandbox_gpus("cuda", {"CUDA_VISIBLE_DEVICES": "0"}, HOST) == ((), {})

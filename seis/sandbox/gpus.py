@@ -45,15 +45,17 @@ def visible_minors(visible: str | None, gpus: list[HostGpu]) -> tuple[int, ...] 
     None when it is unset (every GPU)."""
     if visible is None:
         return None
+    if not gpus and visible.strip():
+        # No driver information (/proc/driver/nvidia absent): indices and UUIDs cannot be mapped to device nodes
+        # without guessing (a container may hold only /dev/nvidia3 and call it GPU 0), so every node is passed
+        # and the variable alone selects the GPU, as without this isolation.
+        return None
     minors = []
     for entry in (e.strip() for e in visible.split(",") if e.strip()):
         if entry.startswith("MIG-"):
             raise ValueError(f"CUDA_VISIBLE_DEVICES entry {entry!r}: the sandbox isolates whole GPUs, not MIG "
                              "instances; give the worker a whole GPU")
         if entry.isdigit():
-            if not gpus:  # no driver information: the index is the minor, as on a host without renumbering
-                minors.append(int(entry))
-                continue
             if int(entry) >= len(gpus):
                 raise ValueError(f"CUDA_VISIBLE_DEVICES names GPU {entry}, but the host has {len(gpus)}")
             minors.append(gpus[int(entry)].minor)
@@ -94,6 +96,8 @@ def sandbox_gpus(device: str | None, env: Mapping[str, str], gpus: list[HostGpu]
     minors = visible_minors(env.get("CUDA_VISIBLE_DEVICES"), gpus)
     if minors is None:
         return None, env
+    if not minors:
+        return (), env
     # Inside, the passed GPUs are numbered 0.. in PCI bus order; keep the host's order of them.
     bus_order = sorted(minors, key=lambda m: next((g.bus_id for g in gpus if g.minor == m), f"{m:08d}"))
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
