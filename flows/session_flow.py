@@ -15,7 +15,7 @@ from pathlib import Path
 from prefect import flow, tags
 
 from flows.runtime import quiet_thread_timeout_notice
-from seis.session.dispatch import SessionReply, SessionRequest, WorkerInfo, materialize, worker_store
+from seis.session.dispatch import Heartbeat, SessionReply, SessionRequest, WorkerInfo, materialize, worker_store
 from seis.session.display import run_label, run_tags
 from seis.session.resume import clear
 from seis.store import SnapshotStore
@@ -39,6 +39,12 @@ def seis_session(request: SessionRequest) -> dict:
     print(f"[{label}] on {worker.worker} (host {worker.host}, device {worker.device or 'not pinned'}, "
           f"store {store_root})")
     reply = SessionReply(chain=request.chain, session=request.session, worker=worker)
+    with Heartbeat(session_dir, flow_run.id):  # the orchestrator's sign that this worker is still there
+        return _run_session(request, label, store_root, worker, session_dir, reply)
+
+
+def _run_session(request: SessionRequest, label: str, store_root: Path, worker: WorkerInfo, session_dir: Path,
+                 reply: SessionReply) -> dict:
     try:
         store = SnapshotStore(store_root)
         fetched = materialize(store, request)

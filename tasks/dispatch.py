@@ -1,33 +1,72 @@
 """dispatch=workers: a session as a `seis-session` flow run on a work pool (flows/session_flow.py), started with
-`run_deployment` and waited for; its answer is read back from the run directory (seis.session.dispatch) as the
-same SessionResult the in-process session task returns."""
+`run_deployment` and watched until it ends; its answer is read back from the run directory (seis.session.dispatch)
+as the same SessionResult the in-process session task returns. A session whose worker stops beating (the worker or
+its host gone) is marked Crashed on the server and dispatched again, up to REDISPATCHES times."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from seis.session import RunDir, SessionResult
-from seis.session.dispatch import SessionRequest, collect
+from seis.session.dispatch import REDISPATCHES, LostTracker, SessionRequest, collect, lost_after_s
+from seis.session.resume import clear
 from seis.store import SnapshotStore
 
 POLL_S = 2.0
+
+
+def _watch(flow_run_id, session_dir: Path, lost_after: float):
+    """The flow run's final state, or (None, silent seconds) when its worker is lost."""
+    from prefect import get_client
+    from prefect.client.schemas.objects import StateType
+
+    tracker = LostTracker(session_dir, str(flow_run_id), lost_after)
+    with get_client(sync_client=True) as client:
+        while True:
+            flow_run = client.read_flow_run(flow_run_id)
+            state = flow_run.state
+            if state is not None and state.is_final():
+                return flow_run, None
+            silent = tracker.lost(state is not None and state.type == StateType.RUNNING)
+            if silent is not None:
+                return flow_run, silent
+            time.sleep(POLL_S)
+
+
+def _mark_lost(flow_run_id, message: str) -> None:
+    from prefect import get_client
+    from prefect.states import Crashed
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
 
 
 @task(name="session", task_run_name="{request.chain}/s{request.session} session (worker)", cache_policy=NO_CACHE)
 def remote_session_task(request: SessionRequest, deployment: str, store_root) -> SessionResult:
     from prefect.deployments import run_deployment
 
-    flow_run = run_deployment(name=deployment, parameters={"request": request.model_dump(mode="json")},
-                              timeout=None, poll_interval=POLL_S, as_subflow=True,
-                              tags=[f"chain:{request.chain}", f"session:{request.session}"])
-    state = flow_run.state
-    result = collect(SnapshotStore(store_root), RunDir(Path(request.run_dir)), request.chain,
-                     request.session, flow_state=f"flow run {flow_run.name}: {state.name if state else '?'}"
-                                                 f"{': ' + state.message if state and state.message else ''}")
+    lost_after = lost_after_s()
+    label = f"[{request.chain} s{request.session}]"
+    for attempt in range(1 + REDISPATCHES):
+        flow_run = run_deployment(name=deployment, parameters={"request": request.model_dump(mode="json")},
+                                  timeout=0, as_subflow=True,
+                                  tags=[f"chain:{request.chain}", f"session:{request.session}"])
+        flow_run, silent = _watch(flow_run.id, request.session_dir, lost_after)
+        if silent is None:
+            break
+        message = f"worker lost: no heartbeat for {silent:.0f} s"
+        _mark_lost(flow_run.id, message)
+        print(f"{label} flow run {flow_run.name}: {message}"
+              + ("; dispatching the session again" if attempt < REDISPATCHES else "; giving up"))
+        clear(request.session_dir)  # what the lost attempt left: redone from its parent
+    state = flow_run.state if silent is None else None
+    flow_state = (f"flow run {flow_run.name}: {state.name if state else 'lost with its worker'}"
+                  f"{': ' + state.message if state and state.message else ''}")
+    result = collect(SnapshotStore(store_root), RunDir(Path(request.run_dir)), request.chain, request.session,
+                     flow_state=flow_state)
     status = "retained" if result.outcome is not None and result.outcome.retained else "kept parent"
     if result.outcome is not None:
-        print(f"[{request.chain} s{request.session}] (flow run {flow_run.name}) -> {result.outcome.verdict}, "
-              f"{status} ({result.outcome.snapshot})")
+        print(f"{label} (flow run {flow_run.name}) -> {result.outcome.verdict}, {status} ({result.outcome.snapshot})")
     return result

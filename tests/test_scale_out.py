@@ -253,6 +253,131 @@ def test_sync_chain_on_two_workers_matches_the_local_run(tmp_path, prepared_dir)
             _stop(proc)
 
 
+def _descendants(pid: int) -> list[int]:
+    """pid and every process below it (a worker and the flow-run processes it started in their own sessions)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+ORCHESTRATOR = """import sys
+from flows.seis_flow import seis
+from seis.config import RunConfig
+state = seis(RunConfig.model_validate_json(sys.argv[1]), return_state=True)
+sys.exit(0 if state.is_completed() else 1)
+"""
+
+
+def test_a_session_lost_with_its_worker_is_redone_on_another(tmp_path, prepared_dir):
+    """Worker A takes the only session and is killed with everything it started (a host gone); the orchestrator
+    sees its heartbeat stop, marks that flow run Crashed and dispatches the session again; worker B runs it.
+    The orchestrator is its own process here (as `seis evolve` is), with the lost-worker time shortened."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from seis.session.dispatch import HEARTBEAT_FILE, LOST_AFTER_ENV
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    remote = tmp_path / "dvc-remote"
+    remote.mkdir()
+    orch_store = _dvc_repo(tmp_path / "orchestrator", remote)
+    stores = {name: _dvc_repo(tmp_path / name, remote) for name in WORKERS}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start_worker(name: str) -> None:
+        env = _prefect_env(tmp_path / name / ".prefect", api, CUDA_VISIBLE_DEVICES=WORKERS[name],
+                           SEIS_STORE=str(stores[name]), SEIS_WORKER_NAME=name)
+        procs[name] = _start([sys.executable, "-m", "prefect", "worker", "start", "--pool", "seis-cpu",
+                              "--work-queue", "sessions", "--limit", "1", "--name", name, "--type", "process"],
+                             env, logs / f"{name}.log")
+        _wait_workers_online(api, "seis-cpu", {name}, time.monotonic() + 120, logs)
+
+    try:
+        server_env = _prefect_env(tmp_path / "server-home", api, PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
+                                  PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED="false")
+        procs["server"] = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                  "--port", str(port)], server_env, logs / "server.log")
+        _wait_healthy(api, procs["server"], logs / "server.log")
+        _create_pool(api, "seis-cpu")
+        _run([sys.executable, "-m", "prefect", "deploy", "--prefect-file", "flows/session-deployments.yaml",
+              "--name", "cpu"], _prefect_env(tmp_path / "cli-home", api))
+        start_worker("host-a")
+        config = RunConfig(protocol="chain", chains=1, sessions=1, model="tiny-qwen3", device="cpu", gate="smoke",
+                           agent_library=_library(tmp_path), out=tmp_path / "run", store=orch_store,
+                           dispatch="workers", session_deployment="seis-session/cpu")
+        procs["orchestrator"] = run = _start([sys.executable, "-c", ORCHESTRATOR, config.model_dump_json()],
+                                             _prefect_env(tmp_path / "orchestrator-home", api,
+                                                          **{LOST_AFTER_ENV: "15"}), logs / "orchestrator.log")
+        beat = tmp_path / "run" / "chains" / "c0" / "000" / HEARTBEAT_FILE
+        deadline = time.monotonic() + 240
+        while not beat.exists():
+            assert time.monotonic() < deadline and run.poll() is None, {p.name: p.read_text()[-2000:]
+                                                                        for p in logs.iterdir()}
+            time.sleep(0.5)
+        for pid in _descendants(procs["host-a"].pid):  # host A gone: its worker and the session's flow run
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        procs["host-a"].wait()
+        start_worker("host-b")
+        assert run.wait(timeout=300) == 0, {p.name: p.read_text()[-3000:] for p in logs.iterdir()}
+        run_dir = tmp_path / "run"
+        assert "worker lost: no heartbeat" in (logs / "orchestrator.log").read_text()
+
+        reply = SessionReply.load(run_dir / "chains" / "c0" / "000")
+        assert reply is not None and not reply.failure and reply.worker.worker == "host-b", reply
+        summary = pd.read_parquet(run_dir / "summary.parquet")
+        assert len(summary) == 1 and summary.snapshot.iloc[0], summary
+        with temporary_settings({PREFECT_API_URL: api}):
+            with get_client(sync_client=True) as client:
+                runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["seis-session"])))
+        states = sorted((r.state.type.value, r.state.message or "") for r in runs)
+        assert [s for s, _ in states] == ["COMPLETED", "CRASHED"], states
+        assert "worker lost: no heartbeat" in states[1][1], states
+        assert not beat.exists()  # the finished session stopped beating and removed its heartbeat
+    finally:
+        for proc in reversed(list(procs.values())):
+            _stop(proc)
+
+
+def test_heartbeat_and_the_lost_rule(tmp_path, monkeypatch):
+    from seis.session.dispatch import HEARTBEAT_FILE, LOST_AFTER_ENV, Heartbeat, LostTracker, lost_after_s
+    with Heartbeat(tmp_path / "s", "run-1", every_s=0.05):
+        time.sleep(0.2)
+        assert (tmp_path / "s" / HEARTBEAT_FILE).read_text() == "run-1"
+        tracker = LostTracker(tmp_path / "s", "run-1", lost_after=30)
+        assert tracker.lost(running=True) is None
+        assert tracker.lost(running=True, now=time.time() + 31) is not None   # beats stopped 31 s ago
+    assert not (tmp_path / "s" / HEARTBEAT_FILE).exists()
+    # Never beat (or another attempt's beat): silence counts from when it was first seen running.
+    (tmp_path / "s" / HEARTBEAT_FILE).write_text("run-0")
+    tracker = LostTracker(tmp_path / "s", "run-1", lost_after=30)
+    assert tracker.lost(running=False, now=0.0) is None           # scheduled: waiting for a worker is not lost
+    assert tracker.lost(running=True, now=100.0) is None
+    assert tracker.lost(running=True, now=129.0) is None
+    assert tracker.lost(running=True, now=131.0) == 31.0
+    monkeypatch.setenv(LOST_AFTER_ENV, "5")
+    with pytest.raises(ValueError, match="more than two heartbeats"):
+        lost_after_s()
+    monkeypatch.setenv(LOST_AFTER_ENV, "soon")
+    with pytest.raises(ValueError, match="not a number"):
+        lost_after_s()
+
+
 def test_a_snapshot_ref_must_name_its_own_tree(tmp_path):
     """A worker records a ref only if its id is its tree hash and it does not contradict what is stored."""
     from seis.engine_import import ENGINE_TEMPLATE

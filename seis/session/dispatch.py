@@ -6,13 +6,17 @@ else by value: the run config, the session's place (chain, index, parent), the i
 and the snapshots it needs as refs (manifest + .dvc file). Engine bytes never travel in a request: the worker
 restores them from the shared DVC remote into its own store, hash-checked (seis.store). The worker writes its
 session files into the run directory (which both reach) and `worker.json`: who ran it, on which device, what it
-pulled from the remote, and the ref of the engine it retained.
+pulled from the remote, and the ref of the engine it retained. While it runs, the session refreshes a heartbeat
+file there; a session whose heartbeat stops (its worker or host gone) is declared lost by the orchestrator, which
+marks its flow run Crashed and dispatches the session again (another worker may take it).
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,6 +34,10 @@ REPLY_FILE = "worker.json"
 STORE_ENV = "SEIS_STORE"            # a worker's own snapshot store (default: the run config's `store`)
 WORKER_ENV = "SEIS_WORKER_NAME"     # a worker's name in the records (default: the host name)
 DEVICE_ENV = "CUDA_VISIBLE_DEVICES"  # the device a worker owns (its job variables or its environment)
+HEARTBEAT_FILE = "worker.alive"     # refreshed by a running session: its flow run id
+HEARTBEAT_S = 5.0
+LOST_AFTER_ENV = "SEIS_WORKER_LOST_S"  # no heartbeat for this long: the session's worker is lost (default 120)
+REDISPATCHES = 2                    # a lost session is dispatched again at most this many times
 
 
 class PeerRef(BaseModel):
@@ -173,3 +181,76 @@ def adopt_recorded(store, session_dir: Path) -> None:
     reply = SessionReply.load(session_dir)
     if reply is not None and reply.snapshot is not None:
         store.import_ref(SnapshotRef.from_dict(reply.snapshot))
+
+
+class Heartbeat:
+    """While open, rewrites session_dir/worker.alive (this flow run's id) every HEARTBEAT_S seconds."""
+
+    def __init__(self, session_dir: Path, flow_run_id: str, every_s: float = HEARTBEAT_S):
+        self.path, self.flow_run_id, self.every_s = session_dir / HEARTBEAT_FILE, str(flow_run_id), every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="seis-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            part = self.path.with_name(self.path.name + ".part")
+            try:
+                part.write_text(self.flow_run_id)
+                os.replace(part, self.path)
+            except OSError:  # the session dir is being replaced (resume): the next beat writes again
+                pass
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> "Heartbeat":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.path.unlink(missing_ok=True)
+
+
+def lost_after_s() -> float:
+    raw = os.environ.get(LOST_AFTER_ENV, "120")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{LOST_AFTER_ENV}={raw!r} is not a number of seconds") from None
+    if value <= 2 * HEARTBEAT_S:
+        raise ValueError(f"{LOST_AFTER_ENV}={raw!r}: must be more than two heartbeats ({2 * HEARTBEAT_S:g} s)")
+    return value
+
+
+def heartbeat_age(session_dir: Path, flow_run_id: str, now: float | None = None) -> float | None:
+    """Seconds since the flow run `flow_run_id` last beat in session_dir; None when it has not (yet)."""
+    path = session_dir / HEARTBEAT_FILE
+    try:
+        if path.read_text().strip() != str(flow_run_id):
+            return None
+        return (time.time() if now is None else now) - path.stat().st_mtime
+    except OSError:
+        return None
+
+
+class LostTracker:
+    """Decides, from polls of a dispatched session's flow-run state, when its worker is lost: running, and no
+    heartbeat of that flow run for lost_after_s (counted from when it was first seen running if it never beat)."""
+
+    def __init__(self, session_dir: Path, flow_run_id: str, lost_after: float):
+        self.session_dir, self.flow_run_id, self.lost_after = session_dir, str(flow_run_id), lost_after
+        self.running_since: float | None = None
+
+    def lost(self, running: bool, now: float | None = None) -> float | None:
+        """The silent seconds when lost, else None."""
+        now = time.time() if now is None else now
+        if not running:
+            self.running_since = None
+            return None
+        self.running_since = self.running_since or now
+        age = heartbeat_age(self.session_dir, self.flow_run_id, now)
+        silent = age if age is not None else now - self.running_since
+        return silent if silent > self.lost_after else None
+
