@@ -126,7 +126,7 @@ def seis(config: Optional[RunConfig | dict] = None,
     if resolved.ignored:
         logger.warning("resuming %s with its recorded config; ignored: %s", run_config.out,
                        ", ".join(f"{k}={v!r}" for k, v in resolved.ignored.items()))
-    logger.info("memory: %s", memory.describe())
+    logger.info("memory: %s", memory.describe() if memory else "checked by each worker before its session")
     ensure_gpu_limit()
     run = RunDir.open(run_config.out) if resolved.resume else RunDir.create(run_config.out,
                                                                            run_config.model_dump_json(indent=2))

@@ -6,7 +6,9 @@ from: the request (seis.session.dispatch) names the parent, vanilla and peers' e
 worker's own store restores them from the shared DVC remote. The worker's device (CUDA_VISIBLE_DEVICES from its
 environment or job variables) is what its gate, engines and the agent's dev benchmark see (the sandbox passes it
 through), and the gate holds that device's own slot. The session's files, and `worker.json` with who ran it and
-the ref of the engine it retained, go to the run directory, where the orchestrator reads them.
+the ref of the engine it retained, go to the run directory, where the orchestrator reads them. The memory
+preflight runs here, on the machine whose memory the gate will use: a session that cannot fit fails with the
+numbers before any work.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from prefect import flow, tags
 from flows.runtime import quiet_thread_timeout_notice
 from seis.session.dispatch import Heartbeat, SessionReply, SessionRequest, WorkerInfo, materialize, worker_store
 from seis.session.display import run_label, run_tags
+from seis.session.preflight import check_gate_memory
 from seis.session.resume import clear
 from seis.store import SnapshotStore
 from tasks.cleanup import release_run
@@ -46,6 +49,8 @@ def seis_session(request: SessionRequest) -> dict:
 def _run_session(request: SessionRequest, label: str, store_root: Path, worker: WorkerInfo, session_dir: Path,
                  reply: SessionReply) -> dict:
     try:
+        config = request.run_config(store=store_root)
+        print(f"[{label}] memory: {check_gate_memory(config).describe()}")  # this machine's, before any work
         store = SnapshotStore(store_root)
         fetched = materialize(store, request)
         reply = reply.model_copy(update={"fetched": fetched})
@@ -55,7 +60,6 @@ def _run_session(request: SessionRequest, label: str, store_root: Path, worker: 
         synced = session_dir / "synced"
         clear(synced)
         peer_dirs = {p.chain: store.get(p.snapshot, synced / p.chain) for p in request.peers}
-        config = request.run_config(store=store_root)
         spec = request.spec(peer_dirs, device_slot=worker.device)
         ensure_gpu_limit(name=device_limit(spec.device_slot))
         with tags(*run_tags(request.chain, request.session)):

@@ -15,38 +15,16 @@ import argparse
 import functools
 import itertools
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from seis.benchmarks.graph_timing import graph_us
+
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("E0", "splitkv-by-batch-size", "fused-decode-attention")
 HEADS, KV_HEADS, HEAD_DIM, PAGE, LAYERS, REPEATS = 16, 8, 128, 16, 28, 5
-
-
-def _time_layers(decode, layers) -> float:
-    import torch
-    for _ in range(2):
-        for layer in range(layers):
-            decode(layer)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for layer in range(layers):
-            decode(layer)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPEATS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / layers)
-    return statistics.median(times)
 
 
 def run_variant(engine_dir: Path, lens: list[int], batch_sizes: list[int], sweep: bool) -> dict:
@@ -84,14 +62,14 @@ def run_variant(engine_dir: Path, lens: list[int], batch_sizes: list[int], sweep
             attn = TritonAttention(HEADS, KV_HEADS, HEAD_DIM, max_bs, dev)
             qh = q.view(bs, HEADS, HEAD_DIM)
             err = (attn.decode(0, qh, batch, kv).float() - ref.decode(0, qh, batch, kv).float()).abs().max().item()
-            entry = {"us": round(_time_layers(lambda layer: attn.decode(layer, qh, batch, kv), LAYERS), 2),
+            entry = {"us": round(graph_us(lambda layer: attn.decode(layer, qh, batch, kv), LAYERS, REPEATS), 2),
                      "max_abs_err_vs_sdpa": round(err, 5)}
             if sweep and tile_args:
                 best = None
                 for block_n, warps, splits in itertools.product((16, 32, 64), (2, 4, 8), (8, 16, 32)):
                     triton_attention.paged_decode = functools.partial(original, block_n=block_n, num_warps=warps)
                     attn.max_splits = splits
-                    us = _time_layers(lambda layer: attn.decode(layer, qh, batch, kv), LAYERS)
+                    us = graph_us(lambda layer: attn.decode(layer, qh, batch, kv), LAYERS, REPEATS)
                     if best is None or us < best["us"]:
                         best = {"us": round(us, 2), "block_n": block_n, "num_warps": warps, "max_splits": splits}
                 triton_attention.paged_decode = original

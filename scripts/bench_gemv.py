@@ -4,13 +4,12 @@
 
 Each variant runs as 200 back-to-back calls inside one CUDA graph (launch overhead as the engine sees it under
 graphs), cycling through enough copies of W to pass 256 MB, so W streams from memory as the engine's 28 layers
-do and not from L2; the time is the median of 5 replays, per call. Prints one JSON object: per shape and M, microseconds per
-call and the GB/s that W (plus activations) would need, for the fused kernel (default tiles) and for E0's
-F.linear + separate norm / activation kernels. --sweep also times BLOCK_N x BLOCK_K x num_warps combinations and
-reports the best, to retune triton_gemv.tiles() on a new GPU (kernels compiled first in --jobs processes).
-"layer m=M" times one decoder layer's four fused projections back to back, with and without programmatic
-dependent launch.
-Needs CUDA; builds E0 + triton-gemv in a temp dir.
+do and not from L2; the time is the median of 5 replays, per call. Prints one JSON object: per shape and M,
+microseconds per call and the GB/s that W (plus activations) would need, for the fused kernel (default tiles) and
+for E0's F.linear + separate norm / activation kernels. --sweep also times BLOCK_N x BLOCK_K x num_warps
+combinations and reports the best, to retune triton_gemv.tiles() on a new GPU (kernels compiled first in --jobs
+processes). "layer m=M" times one decoder layer's four fused projections back to back, with and without
+programmatic dependent launch. Needs CUDA; builds E0 + triton-gemv in a temp dir.
 """
 from __future__ import annotations
 
@@ -19,12 +18,13 @@ import concurrent.futures
 import itertools
 import multiprocessing
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+from seis.benchmarks.graph_timing import graph_us
 
 REPO = Path(__file__).resolve().parent.parent
 CALLS, REPEATS = 200, 5
@@ -34,25 +34,7 @@ ROTATE_BYTES = 256 << 20  # W copies cycled per graph: well past the H200's 50 M
 
 
 def _time_us(fn) -> float:
-    """Median over REPEATS graph replays of CALLS back-to-back fn(i) calls, in microseconds per call."""
-    for i in range(2):  # compile / warm up outside the capture
-        fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(CALLS):
-            fn(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPEATS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS)
-    return statistics.median(times)
+    return graph_us(fn, CALLS, REPEATS)
 
 
 def _shapes(m: int, dtype: torch.dtype, ops, gemv):

@@ -100,6 +100,8 @@ def test_a_run_that_cannot_fit_is_refused_naming_the_numbers(tmp_path):
         preflight.check_gate_memory = lambda c: original(c, available_bytes=GiB, on_cpu=True)
         with pytest.raises(InsufficientMemory):
             preflight_run(config)
+        # dispatch=workers: the gates run on the workers, which check their own memory before each session
+        assert preflight_run(config.model_copy(update={"dispatch": "workers", "out": tmp_path / "w"})) is None
     finally:
         preflight.check_gate_memory = original
     assert not (tmp_path / "run").exists()

@@ -2,24 +2,17 @@
 computes paged decode attention (checked against an fp32 softmax over each request's gathered pages), leaves its
 counters at zero after every launch, and agrees with E0's two-launch kernel.
 
-The check runs in a child process: TRITON_INTERPRET must be set before triton is imported, and a process may host
-only one `engine` package (the candidate's; E0's kernel is loaded from its file as a standalone module).
+The check runs in a child process (tests/interpreted.py).
 """
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
 
+from interpreted import run_interpreted  # noqa: E402
 from seis.agents.offline.library import load_library  # noqa: E402
 from seis.agents.offline.verify import build_candidate  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 
 CHECK = r'''
 import importlib.util
@@ -85,9 +78,4 @@ print(f"cases {cases}")
 def test_one_launch_decode_attention_matches_reference(tmp_path):
     t = next(t for t in load_library() if t.name == "fused-decode-attention")
     candidate = build_candidate(tmp_path / "candidate", [t])
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", CHECK, str(candidate)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    assert "cases 10" in done.stdout
+    assert "cases 10" in run_interpreted(CHECK, candidate, tmp_path)

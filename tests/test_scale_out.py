@@ -77,6 +77,19 @@ def _dvc_repo(root: Path, remote: Path) -> Path:
     return root / "store"
 
 
+def _hosts(tmp_path: Path):
+    """A loopback server's port and API URL, one shared DVC remote, the orchestrator's and each worker's own
+    DVC repository with its store, and a folder for the processes' logs."""
+    port = _free_port()
+    remote = tmp_path / "dvc-remote"
+    remote.mkdir()
+    orch_store = _dvc_repo(tmp_path / "orchestrator", remote)
+    stores = {name: _dvc_repo(tmp_path / name, remote) for name in WORKERS}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    return port, f"http://127.0.0.1:{port}/api", orch_store, stores, logs
+
+
 def _wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout_s: float = 150) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -150,14 +163,7 @@ def _wait_workers_online(api: str, pool: str, names: set[str], deadline: float, 
 
 def test_sync_chain_on_two_workers_matches_the_local_run(tmp_path, prepared_dir):
     t0 = time.monotonic()
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    remote = tmp_path / "dvc-remote"
-    remote.mkdir()
-    orch_store = _dvc_repo(tmp_path / "orchestrator", remote)
-    stores = {name: _dvc_repo(tmp_path / name, remote) for name in WORKERS}
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    port, api, orch_store, stores, logs = _hosts(tmp_path)
     procs: list[subprocess.Popen] = []
     base = dict(protocol="sync-chain", chains=2, sessions=2, sync_every=1, model="tiny-qwen3", device="cpu",
                 gate="smoke", agent_library=_library(tmp_path))
@@ -287,14 +293,7 @@ def test_a_session_lost_with_its_worker_is_redone_on_another(tmp_path, prepared_
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from seis.session.dispatch import HEARTBEAT_FILE, LOST_AFTER_ENV
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    remote = tmp_path / "dvc-remote"
-    remote.mkdir()
-    orch_store = _dvc_repo(tmp_path / "orchestrator", remote)
-    stores = {name: _dvc_repo(tmp_path / name, remote) for name in WORKERS}
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    port, api, orch_store, stores, logs = _hosts(tmp_path)
     procs: dict[str, subprocess.Popen] = {}
 
     def start_worker(name: str) -> None:

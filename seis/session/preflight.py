@@ -93,11 +93,15 @@ def check_gate_memory(config: RunConfig, available_bytes: int | None = None,
     return est
 
 
-def preflight_run(config: RunConfig, resume: bool = False, resume_hint: str = "--resume {out}") -> MemoryEstimate:
-    """Every check before a run starts: the config's own (agent, model, output dir), then memory. A refused run
-    leaves no output dir behind."""
+def preflight_run(config: RunConfig, resume: bool = False, resume_hint: str = "--resume {out}"
+                  ) -> MemoryEstimate | None:
+    """Every check before a run starts: the config's own (agent, model, output dir), then memory where the gates
+    run: here, or with dispatch=workers on each worker before its session (None here). A refused run leaves no
+    output dir behind."""
     existed = config.out.exists()
     config.preflight(resume=resume, resume_hint=resume_hint)
+    if config.dispatch == "workers":
+        return None
     try:
         return check_gate_memory(config)
     except Exception:
