@@ -75,8 +75,23 @@ def test_an_engine_given_one_gpu_cannot_mount_the_others(monkeypatch, tmp_path: 
     (tmp_path / "engine").mkdir()
     (tmp_path / "model").mkdir()
     policy = engine_policy(tmp_path / "engine", tmp_path / "model", "cuda")
-    assert policy.gpu and policy.gpu_minors == (1,) and policy.env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert policy.gpus == (1,) and policy.env["CUDA_VISIBLE_DEVICES"] == "0"
     argv = bwrap.command(policy, ["python3", "-c", "pass"], uid=None, info_fd=3, forbidden=())
     passed = _passed(argv)
     assert "/dev/nvidia1" in passed and "/dev/nvidiactl" in passed
     assert not passed & {"/dev/nvidia0", "/dev/nvidia2"}
+
+
+def test_an_agent_given_one_gpu_cannot_mount_the_others(monkeypatch, tmp_path: Path) -> None:
+    """The agent's tools (its dev benchmark, profilers) run in the same sandbox with the session's GPU only."""
+    from seis.agents.llm.confine import AgentSandbox
+    from seis.sandbox import bwrap
+    monkeypatch.setattr(gpus, "device_nodes", lambda: NODES)
+    monkeypatch.setattr(gpus, "host_gpus", lambda: HOST)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")   # host GPU 0 is minor 2 (lowest bus id)
+    (tmp_path / "ws").mkdir()
+    policy = AgentSandbox(device="cuda").policy(tmp_path / "ws")
+    assert policy.gpus == (2,) and policy.env["CUDA_VISIBLE_DEVICES"] == "0"
+    passed = _passed(bwrap.command(policy, ["sh", "-c", "true"], uid=None, info_fd=3, forbidden=()))
+    assert "/dev/nvidia2" in passed and not passed & {"/dev/nvidia0", "/dev/nvidia1"}
+    assert AgentSandbox(device="cpu").policy(tmp_path / "ws").gpus == ()

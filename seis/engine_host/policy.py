@@ -49,14 +49,12 @@ def engine_policy(engine_dir: Path, model_dir: Path, device: str | None, env: Ma
         binds.append(Bind(cache_dir, CACHE_MOUNT, writable=True))
     full_env = {**allowed_env(), **cache_env(CACHE_MOUNT if cache_dir is not None else "/tmp/cache"),
                 **(env or {})}
-    minors, full_env = sandbox_gpus(device, full_env)  # only the GPUs CUDA_VISIBLE_DEVICES names exist inside
-    gpu = minors != ()
-    if gpu and libcuda_dir():
+    gpus, full_env = sandbox_gpus(device, full_env)  # only the GPUs CUDA_VISIBLE_DEVICES names exist inside
+    if gpus != () and libcuda_dir():
         full_env.setdefault("TRITON_LIBCUDA_PATH", libcuda_dir())
         if not libcuda_dir().startswith(("/usr/", "/lib")):  # outside the system view: show it read-only
             binds.append(Bind(Path(libcuda_dir()), libcuda_dir()))
-    return SandboxPolicy(tuple(binds), full_env, cwd="/tmp", gpu=gpu, gpu_minors=minors if gpu else None,
-                         limits=Limits(memory_bytes=memory_bytes))
+    return SandboxPolicy(tuple(binds), full_env, cwd="/tmp", gpus=gpus, limits=Limits(memory_bytes=memory_bytes))
 
 
 def forbidden_paths() -> tuple[Path, ...]:

@@ -149,8 +149,8 @@ def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: in
             "--perms", "1777", "--tmpfs", "/dev/shm",
             "--perms", "1777", "--size", str(lim.scratch_bytes), "--tmpfs", "/tmp",
             "--perms", "1777", "--dir", "/tmp/home"]
-    if policy.gpu:
-        args += gpu_args(policy.gpu_minors)
+    if policy.gpus != ():
+        args += gpu_args(policy.gpus)
     mounts = [(p, p, False) for p in python_paths(forbidden)]
     mounts += [(str(b.src), b.dest, b.writable) for b in policy.binds]
     args += _mounts(mounts)

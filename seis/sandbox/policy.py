@@ -57,8 +57,9 @@ class SandboxPolicy:
     binds: tuple[Bind, ...]                # beyond the read-only system view
     env: Mapping[str, str] = field(default_factory=dict)  # exactly what the process gets (see allowed_env)
     cwd: str = "/tmp"
-    gpu: bool = False                      # pass the driver's /dev/nvidia* nodes through
-    gpu_minors: tuple[int, ...] | None = None  # with gpu: only these GPUs' /dev/nvidia<minor> (None: every GPU)
+    # GPUs whose /dev/nvidia<minor> nodes exist inside (with the driver's shared nodes): () none, None every
+    # GPU of the host; seis.sandbox.sandbox_gpus derives it from CUDA_VISIBLE_DEVICES
+    gpus: tuple[int, ...] | None = ()
     limits: Limits = Limits()
     # "none": an own network namespace with loopback only. "host": the host's network (explicit opt-in, for a
     # process that must reach an API; it then also reaches the host's loopback services).

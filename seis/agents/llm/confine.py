@@ -89,10 +89,9 @@ class AgentSandbox:
         full_env = {**allowed_env(), **cache_env(), "PATH": sandbox_path(), "HOME": SCRATCH_HOME, "TERM": "dumb",
                     "SEIS_WORKSPACE": WORKSPACE, **({"SEIS_MODEL_DIR": MODEL} if self.model_dir else {}),
                     **(env or {})}
-        minors, full_env = sandbox_gpus(self.device, full_env)  # only the session's GPUs exist inside
-        gpu = minors != ()
-        return SandboxPolicy(tuple(binds), full_env, cwd=WORKSPACE, gpu=gpu, gpu_minors=minors if gpu else None,
-                             limits=self.limits, network=network or "none")
+        gpus, full_env = sandbox_gpus(self.device, full_env)  # only the session's GPUs exist inside
+        return SandboxPolicy(tuple(binds), full_env, cwd=WORKSPACE, gpus=gpus, limits=self.limits,
+                             network=network or "none")
 
 
 @dataclass
