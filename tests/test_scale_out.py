@@ -287,7 +287,9 @@ sys.exit(0 if state.is_completed() else 1)
 def test_a_session_lost_with_its_worker_is_redone_on_another(tmp_path, prepared_dir):
     """Worker A takes the only session and is killed with everything it started (a host gone); the orchestrator
     sees its heartbeat stop, marks that flow run Crashed and dispatches the session again; worker B runs it.
-    The orchestrator is its own process here (as `seis evolve` is), with the lost-worker time shortened."""
+    The orchestrator is its own process here (as `seis evolve` is), with the lost-worker time shortened to 45 s:
+    still longer than a cold flow-run process takes from Running to its first heartbeat on 2 busy cores (15 s was
+    not: a re-dispatched run was declared lost before it had started beating)."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -319,7 +321,7 @@ def test_a_session_lost_with_its_worker_is_redone_on_another(tmp_path, prepared_
                            dispatch="workers", session_deployment="seis-session/cpu")
         procs["orchestrator"] = run = _start([sys.executable, "-c", ORCHESTRATOR, config.model_dump_json()],
                                              _prefect_env(tmp_path / "orchestrator-home", api,
-                                                          **{LOST_AFTER_ENV: "15"}), logs / "orchestrator.log")
+                                                          **{LOST_AFTER_ENV: "45"}), logs / "orchestrator.log")
         beat = tmp_path / "run" / "chains" / "c0" / "000" / HEARTBEAT_FILE
         deadline = time.monotonic() + 240
         while not beat.exists():
