@@ -193,3 +193,9 @@ def test_what_supersedes_is_explored_before_what_it_supersedes():
         assert sorted(order) == sorted(names) and order.index("b-better") < order.index("a-lesser")
     assert exploration_order(names, 2, sup) == ["c", "d", "b-better", "a-lesser"]  # otherwise the chain's rotation
     assert exploration_order(names, 0) == names
+    # chains of supersession, listed in any order: the greatest comes first whatever the rotation
+    chain = {"q-best": ("t-mid",), "t-mid": ("a-least",)}
+    for sup in (chain, dict(reversed(chain.items()))):
+        for i in range(4):
+            order = exploration_order(["a-least", "q-best", "t-mid", "x"], i, sup)
+            assert order.index("q-best") < order.index("t-mid") < order.index("a-least"), (i, order)

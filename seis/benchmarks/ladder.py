@@ -1,7 +1,8 @@
 """Single-request decode throughput of E0 (per attention backend), of each library transformation alone on E0, and
 of the transformations stacked in a given order, all in one run.
 
-    python -m seis.benchmarks.ladder --model qwen3-0.6b-random [--order a,b,c] [--alone] [--reps 3] [--json F]
+    python -m seis.benchmarks.ladder --model qwen3-0.6b-random [--order a,b,c] [--alone] [--also x+y,z]
+                                     [--reps 3] [--json F]
 
 Every engine runs in its own sandboxed process (as the gate runs candidates) and all are alive at once; each
 repetition times every engine once, interleaved, on a fresh prompt, so drift hits them alike. Throughput counts
@@ -23,10 +24,11 @@ from .engine_speed import _commit
 from .stats import fmt_range, summarize
 
 
-def systems(order: list[str], alone: bool, backends: list[str], work: Path) -> dict[str, tuple[Path, dict]]:
+def systems(order: list[str], alone: bool, backends: list[str], work: Path, also: list[list[str]] = ()
+            ) -> dict[str, tuple[Path, dict]]:
     """name -> (engine dir, engine options)."""
     library = {t.name: t for t in load_library()}
-    unknown = [n for n in order if n not in library]
+    unknown = [n for n in order + [n for stack in also for n in stack] if n not in library]
     if unknown:
         raise SystemExit(f"not in the library: {', '.join(unknown)} (known: {', '.join(sorted(library))})")
     out = {"E0": (ENGINE_TEMPLATE, {})}
@@ -37,6 +39,8 @@ def systems(order: list[str], alone: bool, backends: list[str], work: Path) -> d
     for i in range(2 if alone else 1, len(order) + 1):
         steps = order[:i]
         out["E0 + " + " + ".join(steps)] = (build_candidate(work / f"stack-{i}", [library[n] for n in steps]), {})
+    for i, steps in enumerate(also):
+        out["E0 + " + " + ".join(steps)] = (build_candidate(work / f"also-{i}", [library[n] for n in steps]), {})
     return out
 
 
@@ -50,6 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model", default="qwen3-0.6b-random")
     ap.add_argument("--order", default="", help="comma-separated transformations, stacked in this order")
     ap.add_argument("--alone", action="store_true", help="also each transformation alone on E0")
+    ap.add_argument("--also", default="", help="more stacks beside the ladder: comma-separated, each a+b+c")
     ap.add_argument("--backends", default="", help="E0 also with these attention backends, e.g. triton,torch")
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -72,11 +77,12 @@ def main(argv: list[str] | None = None) -> dict:
     options = {"max_batch_size": 8, "max_seq_len": 2048}
     order = [n for n in args.order.split(",") if n]
     backends = [b for b in args.backends.split(",") if b]
+    also = [[n for n in stack.split("+") if n] for stack in args.also.split(",") if stack]
     with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache:
         # One JIT cache per engine: each sandbox runs as its own user, and no engine may write another's cache.
         engines = {name: EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900,
                                        cache_dir=_fresh_dir(Path(cache) / f"engine-{i}"))
-                   for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp)).items())}
+                   for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp), also).items())}
         try:
             info, tokens, times = {}, {n: [] for n in engines}, {n: [] for n in engines}
             for name, eng in engines.items():

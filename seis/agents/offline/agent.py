@@ -31,13 +31,18 @@ def exploration_order(names: list[str], chain_index: int, supersedes: dict[str, 
         return []
     k = chain_index % len(names)
     order = names[k:] + names[:k]
-    for name, lesser in (supersedes or {}).items():
-        if name not in order:
-            continue
-        earlier = [n for n in lesser if n in order and order.index(n) < order.index(name)]
-        if earlier:
-            order.remove(name)
-            order.insert(min(order.index(n) for n in earlier), name)
+    for _ in range(len(order)):  # until no move is left: moving one entry can put it behind what it supersedes
+        moved = False
+        for name, lesser in (supersedes or {}).items():
+            if name not in order:
+                continue
+            earlier = [n for n in lesser if n in order and order.index(n) < order.index(name)]
+            if earlier:
+                order.remove(name)
+                order.insert(min(order.index(n) for n in earlier), name)
+                moved = True
+        if not moved:
+            break
     return order
 
 
