@@ -220,13 +220,19 @@ def evolve(
                   agent_pass_env=[n.strip() for n in agent_pass_env.split(",") if n.strip()]
                   if agent_pass_env else None)
     config = _evolve_preflight(values, resume)
-    _ephemeral_prefect_home(config.out)
+    _prefect_api(config.out)
     from flows.runtime import apply
     apply()  # Prefect's settings, before Prefect is imported
     from flows.seis_flow import seis as seis_flow
-    state = seis_flow(**({"resume": str(resume)} if resume is not None else {"config": config}), return_state=True)
+    _stop_engines_on_interrupt()
+    try:
+        state = seis_flow(**({"resume": str(resume)} if resume is not None else {"config": config}),
+                          return_state=True)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the engines are dead already, the flow has crashed
+        _fail(f"interrupted; continue with: seis evolve --resume {config.out}", code=130)
     if not state.is_completed():  # one line, not the tracebacks (those are in the task runs' logs)
-        _fail(state.message or f"the run ended {state.name}", code=1)
+        _fail(f"{state.message or f'the run ended {state.name}'} (continue with: seis evolve --resume {config.out})",
+              code=1)
     typer.echo(f"run directory: {state.result()}")
 
 
@@ -249,12 +255,38 @@ def _evolve_preflight(values: dict, resume: Optional[Path]):
     return resolved.config
 
 
-def _ephemeral_prefect_home(run_dir: Path) -> None:
-    """Without a Prefect server, keep this run's Prefect state (database, GPU concurrency limit) in its run
-    directory. A shared ~/.prefect would let a killed run's in-memory slot lease block every later run."""
-    import os
-    if not os.environ.get("PREFECT_API_URL") and not os.environ.get("PREFECT_HOME"):
-        os.environ["PREFECT_HOME"] = str(run_dir / ".prefect")
+def _prefect_api(run_dir: Path) -> None:
+    """The Prefect API the run talks to: PREFECT_API_URL's, else a server of the run's own (flows/local_server.py)
+    whose state (database, GPU concurrency limit) lives in the run directory; a shared ~/.prefect would let a
+    killed run's slot lease block every later run. Called before Prefect is imported."""
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    import atexit
+
+    from flows.local_server import ServerError, start_local_server
+    home = Path(os.environ.get("PREFECT_HOME") or run_dir / ".prefect")
+    try:
+        server = start_local_server(home)
+    except ServerError as e:
+        _fail(str(e), code=1)
+    atexit.register(server.stop)  # registered before Prefect's own handlers, so it runs after them
+    os.environ["PREFECT_API_URL"], os.environ["PREFECT_HOME"] = server.url, str(home)
+
+
+def _stop_engines_on_interrupt() -> None:
+    """Ctrl-C (SIGINT) or SIGTERM: kill every engine sandbox at once and start no new one, so that the gates in
+    flight end now (with no verdict) instead of running to their end; then the flow crashes as Prefect makes it.
+    A signal the caller set to be ignored (a background job's SIGINT) stays ignored."""
+    import signal
+
+    def on_signal(signum, frame):
+        from .sandbox import interrupt
+        interrupt()
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, on_signal)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Resume: an interrupted run continues from its recorded config; finished sessions are not redone, unfinished ones
 are redone from their parents, fan-ins are recomputed, and the summary comes out as if nothing had happened.
 
-Two ways to interrupt: a gate that reaches no verdict (an injected host failure, in-process) and the run's process
-killed outright mid-session (`seis evolve` in a subprocess, SIGKILL, then `seis evolve --resume`)."""
+Three ways to interrupt: a gate that reaches no verdict (an injected host failure, in-process), the run's process
+killed outright mid-session (`seis evolve` in a subprocess, SIGKILL, then `seis evolve --resume`), and Ctrl-C
+(SIGINT to the run's process group, as a terminal sends it), which must stop the run at once and leave nothing
+running."""
 from __future__ import annotations
 
 import json
@@ -146,18 +148,42 @@ def _evolve(*args: str, **kw) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
 
+def _sigint_default() -> None:  # a CI job may run the tests with SIGINT ignored, which children inherit
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _processes_of(run: Path) -> list[int]:
+    """Live processes whose command line or environment names the run directory (its Prefect server, engines)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            text = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if str(run).encode() in text:
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_for_gate(proc: subprocess.Popen, session_dir: Path, timeout_s: float = 240) -> None:
+    """Until the session's agent has finished (its gate is starting), plus a second."""
+    deadline = time.monotonic() + timeout_s
+    while not (session_dir / "agent.json").is_file():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1.0)
+
+
 def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared_dir):
     """The run's process is killed (SIGKILL) while session 1's gate holds the GPU slot; --resume finishes it."""
     run = tmp_path / "run"
     proc = _evolve("--protocol", "chain", "--chains", "1", "--sessions", "2", "--model", "tiny-qwen3", "--device",
                    "cpu", "--gate", "smoke", "--out", str(run), "--store", str(tmp_path / "store"))
     s1 = run / "chains" / "c0" / "001"
-    deadline = time.monotonic() + 240
-    while not (s1 / "agent.json").is_file():       # session 1's agent has finished: its gate is starting
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    time.sleep(1.0)
+    _wait_for_gate(proc, s1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     status = json.loads((run / "status.json").read_text())
@@ -180,3 +206,35 @@ def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared
               if "GPU slot acquired after waiting" in line]
     assert waited and max(waited) < 5, out
     assert not scratch_dir(run).exists()
+
+
+def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(tmp_path, prepared_dir):
+    """SIGINT to the run's process group while a full gate (tens of seconds here) holds the GPU slot: the run
+    ends within seconds with exit code 130 and the resume command, its engines and Prefect server are gone, the
+    interrupted session left no outcome, and --resume then finishes the run."""
+    run = tmp_path / "run"
+    proc = _evolve("--protocol", "chain", "--chains", "1", "--sessions", "2", "--model", "tiny-qwen3", "--device",
+                   "cpu", "--gate", "full", "--out", str(run), "--store", str(tmp_path / "store"),
+                   preexec_fn=_sigint_default)
+    s0 = run / "chains" / "c0" / "000"
+    _wait_for_gate(proc, s0)
+    assert _processes_of(run), "the run's processes should be visible while it runs"
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    stopped_s = time.monotonic() - t0
+    assert proc.returncode == 130, out
+    assert f"seis evolve --resume {run}" in out
+    assert stopped_s < 20, f"took {stopped_s:.1f} s to stop:\n{out[-3000:]}"
+    deadline = time.monotonic() + 15  # the server's SIGTERM shutdown may take a moment
+    while (left := _processes_of(run)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"still running after the run ended: {left}"
+    assert not (s0 / "outcome.json").exists()   # no verdict for the gate that was cut short
+    assert json.loads((run / "status.json").read_text())["state"] == "crashed"
+
+    resumed = _evolve("--resume", str(run))
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out
+    assert json.loads((run / "status.json").read_text())["state"] == "complete"
+    assert list(pd.read_parquet(run / "summary.parquet").session) == [0, 1]

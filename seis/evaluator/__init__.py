@@ -6,11 +6,11 @@ reference on dev and held-out workloads, measures dev speed, and returns a schem
     result.verdict, result.failed_checks, result.speed
 """
 from .config import CheckSizes, GateConfig, GateThresholds, IsolationConfig, SpeedConfig
-from .errors import GateInputError, HostFailure, ReferenceFailure
+from .errors import GateInputError, GateInterrupted, HostFailure, ReferenceFailure
 from .gate import run_dev_benchmark, run_gate
 from .report import render_dev_benchmark, render_gate, render_gate_for_agents
 from .schema import CheckResult, DevBenchmarkResult, GateResult
 
-__all__ = ["CheckResult", "CheckSizes", "DevBenchmarkResult", "GateConfig", "GateInputError", "GateResult",
-           "GateThresholds", "HostFailure", "IsolationConfig", "ReferenceFailure", "SpeedConfig", "render_dev_benchmark",
-           "render_gate", "render_gate_for_agents", "run_dev_benchmark", "run_gate"]
+__all__ = ["CheckResult", "CheckSizes", "DevBenchmarkResult", "GateConfig", "GateInputError", "GateInterrupted",
+           "GateResult", "GateThresholds", "HostFailure", "IsolationConfig", "ReferenceFailure", "SpeedConfig",
+           "render_dev_benchmark", "render_gate", "render_gate_for_agents", "run_dev_benchmark", "run_gate"]

@@ -13,3 +13,7 @@ class ReferenceFailure(RuntimeError):
 class HostFailure(RuntimeError):
     """The host, not the engine code, ended an engine (the kernel's OOM killer: SIGKILL with no error of the
     engine's own): no verdict is reached, and it is never a candidate's failed check."""
+
+
+class GateInterrupted(HostFailure):
+    """The run was interrupted while this gate ran: its engines were killed, so it has no verdict."""

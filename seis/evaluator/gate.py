@@ -12,9 +12,9 @@ from pathlib import Path
 
 from .config import GateConfig
 from .correctness import run_correctness
-from ..sandbox import SandboxError
+from ..sandbox import SandboxError, interrupted
 from .engines import Deadline, EngineHandle, start_and_build
-from .errors import GateInputError, ReferenceFailure
+from .errors import GateInputError, GateInterrupted, HostFailure, ReferenceFailure
 from .isolation import OFFLINE_ENV, VISIBLE, Isolation, make_isolation
 from .schema import CheckResult, DevBenchmarkResult, GateResult, Hashes, IsolationRecord
 from .snapshot import Snapshot, files_sha256, snapshot, tree_sha256
@@ -225,8 +225,14 @@ def run_gate(config: GateConfig) -> GateResult:
                                        wl.budget.max_seq_len)
                 timings["timed_checks"] = time.monotonic() - mark
             stats = {role: h.stats() for role, h in handles.items() if h.usable}
+        except (ReferenceFailure, HostFailure, SandboxError) as e:
+            if interrupted():
+                raise GateInterrupted("the run was interrupted while the gate ran") from e
+            raise
         finally:
             _close(handles)
+        if interrupted():  # its engines were killed under it: whatever failed, the candidate is not to blame
+            raise GateInterrupted("the run was interrupted while the gate ran")
         unchanged, tree_checks = _unchanged(setup.snaps)
         checks = _engine_checks(cand) + tree_checks + checks
         failed = [c.name for c in checks if not c.passed]

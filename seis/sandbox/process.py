@@ -14,7 +14,9 @@ import os
 import resource
 import signal
 import subprocess
+import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +28,9 @@ UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), 
 # One fixed place for the whole host (not $TMPDIR): every SEIS process must see the same leases, or two could
 # hand out the same uid and one would kill the other's "leftovers".
 _LOCK_DIR = Path("/run/seis-sandbox-uids") if os.access("/run", os.W_OK) else Path("/tmp/seis-sandbox-uids")
+_STARTED: weakref.WeakSet = weakref.WeakSet()   # this process's sandboxes that have started and not been killed
+_STARTED_LOCK = threading.Lock()
+_INTERRUPTED = threading.Event()                # set once: this process starts no sandbox any more
 
 
 class SandboxError(RuntimeError):
@@ -143,6 +148,8 @@ class SandboxedProcess:
                 f"network namespaces (loopback only)")
 
     def start(self) -> subprocess.Popen:
+        if _INTERRUPTED.is_set():
+            raise SandboxError("this process is being interrupted: it starts no new sandbox")
         bwrap.bwrap_version()  # SandboxUnavailable with the install hint, before anything else
         if os.geteuid() == 0:
             self._lease = _UidLease()
@@ -179,6 +186,8 @@ class SandboxedProcess:
             self._release()
             raise SandboxError(f"the sandbox did not start (bwrap exit {self.proc.returncode}); "
                                f"see the process's stderr") from None
+        with _STARTED_LOCK:
+            _STARTED.add(self)
         return self.proc
 
     # --- the process tree ---------------------------------------------------------------------------------------
@@ -223,6 +232,8 @@ class SandboxedProcess:
         """End the whole tree; raises SandboxError if any process of it is still there after timeout_s."""
         if self.proc is None:
             return
+        with _STARTED_LOCK:
+            _STARTED.discard(self)
         if self.init_pid is not None:
             try:
                 os.kill(self.init_pid, signal.SIGKILL)  # the kernel then kills the whole PID namespace
@@ -250,6 +261,30 @@ class SandboxedProcess:
         if self._lease is not None:
             self._lease.release()
             self._lease = None
+
+
+def kill_all(timeout_s: float = 10.0) -> int:
+    """Kill every sandbox this process started and has not killed yet; returns how many. For a run that is being
+    interrupted: its engines must die now, not when the calls of their gates have run out of time."""
+    with _STARTED_LOCK:
+        boxes = list(_STARTED)
+    for box in boxes:
+        try:
+            box.kill(timeout_s)
+        except SandboxError:
+            pass  # its owner's own kill() reports survivors
+    return len(boxes)
+
+
+def interrupt() -> int:
+    """This process is being interrupted (Ctrl-C): refuse every new sandbox from now on and kill the running ones.
+    Returns how many were killed."""
+    _INTERRUPTED.set()
+    return kill_all()
+
+
+def interrupted() -> bool:
+    return _INTERRUPTED.is_set()
 
 
 def _chown_tree(root: Path, uid: int) -> None:
