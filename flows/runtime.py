@@ -2,8 +2,9 @@
 `prefect` is first imported (its settings are read then): `flows/__init__.py` applies them, and `seis evolve`
 calls `apply()` before it imports the flow.
 
-- the ephemeral server (`seis evolve` without PREFECT_API_URL) gets 120 s to start: its default 20 s is not
-  enough on a loaded 2-core machine ("Timed out while attempting to connect to ephemeral Prefect API");
+- a temporary server (a flow run in-process without PREFECT_API_URL; `seis evolve` starts a server of its own,
+  flows/local_server.py) gets 120 s to start: its default 20 s is not enough on a loaded 2-core machine
+  ("Timed out while attempting to connect to ephemeral Prefect API");
 - its SQLite database waits 60 s for a lock instead of failing with "database is locked";
 - no telemetry or analytics leave the machine (DO_NOT_TRACK for the client, the server's analytics off,
   Prefect Cloud's orchestration telemetry off).
