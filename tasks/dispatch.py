@@ -1,7 +1,8 @@
 """dispatch=workers: a session as a `seis-session` flow run on a work pool (flows/session_flow.py), started with
 `run_deployment` and watched until it ends; its answer is read back from the run directory (seis.session.dispatch)
 as the same SessionResult the in-process session task returns. A session whose worker stops beating (the worker or
-its host gone) is marked Crashed on the server and dispatched again, up to REDISPATCHES times."""
+its host gone), or that a worker took but never started, is marked Crashed on the server and dispatched again, up
+to REDISPATCHES times."""
 from __future__ import annotations
 
 import time
@@ -11,28 +12,27 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from seis.session import RunDir, SessionResult
-from seis.session.dispatch import REDISPATCHES, LostTracker, SessionRequest, collect, lost_after_s
+from seis.session.dispatch import REDISPATCHES, LostTracker, SessionRequest, collect, lost_after_s, start_after_s
 from seis.session.resume import clear
 from seis.store import SnapshotStore
 
 POLL_S = 2.0
 
 
-def _watch(flow_run_id, session_dir: Path, lost_after: float):
-    """The flow run's final state, or (None, silent seconds) when its worker is lost."""
+def _watch(flow_run_id, session_dir: Path, lost_after: float, start_after: float):
+    """The flow run's final state, or (None, why) when its worker is lost."""
     from prefect import get_client
-    from prefect.client.schemas.objects import StateType
 
-    tracker = LostTracker(session_dir, str(flow_run_id), lost_after)
+    tracker = LostTracker(session_dir, str(flow_run_id), lost_after, start_after)
     with get_client(sync_client=True) as client:
         while True:
             flow_run = client.read_flow_run(flow_run_id)
             state = flow_run.state
             if state is not None and state.is_final():
                 return flow_run, None
-            silent = tracker.lost(state is not None and state.type == StateType.RUNNING)
-            if silent is not None:
-                return flow_run, silent
+            why = tracker.lost(state.type.value if state is not None else None)
+            if why is not None:
+                return flow_run, why
             time.sleep(POLL_S)
 
 
@@ -47,21 +47,21 @@ def _mark_lost(flow_run_id, message: str) -> None:
 def remote_session_task(request: SessionRequest, deployment: str, store_root) -> SessionResult:
     from prefect.deployments import run_deployment
 
-    lost_after = lost_after_s()
+    lost_after, start_after = lost_after_s(), start_after_s()
     label = f"[{request.chain} s{request.session}]"
     for attempt in range(1 + REDISPATCHES):
         flow_run = run_deployment(name=deployment, parameters={"request": request.model_dump(mode="json")},
                                   timeout=0, as_subflow=True,
                                   tags=[f"chain:{request.chain}", f"session:{request.session}"])
-        flow_run, silent = _watch(flow_run.id, request.session_dir, lost_after)
-        if silent is None:
+        flow_run, why = _watch(flow_run.id, request.session_dir, lost_after, start_after)
+        if why is None:
             break
-        message = f"worker lost: no heartbeat for {silent:.0f} s"
+        message = f"worker lost: {why}"
         _mark_lost(flow_run.id, message)
         print(f"{label} flow run {flow_run.name}: {message}"
               + ("; dispatching the session again" if attempt < REDISPATCHES else "; giving up"))
         clear(request.session_dir)  # what the lost attempt left: redone from its parent
-    state = flow_run.state if silent is None else None
+    state = flow_run.state if why is None else None
     flow_state = (f"flow run {flow_run.name}: {state.name if state else 'lost with its worker'}"
                   f"{': ' + state.message if state and state.message else ''}")
     result = collect(SnapshotStore(store_root), RunDir(Path(request.run_dir)), request.chain, request.session,

@@ -355,28 +355,37 @@ def test_a_session_lost_with_its_worker_is_redone_on_another(tmp_path, prepared_
             _stop(proc)
 
 
-def test_heartbeat_and_the_lost_rule(tmp_path, monkeypatch):
-    from seis.session.dispatch import HEARTBEAT_FILE, LOST_AFTER_ENV, Heartbeat, LostTracker, lost_after_s
+def test_heartbeat_and_the_lost_rules(tmp_path, monkeypatch):
+    from seis.session.dispatch import (HEARTBEAT_FILE, LOST_AFTER_ENV, START_AFTER_ENV, Heartbeat, LostTracker,
+                                       lost_after_s, start_after_s)
     with Heartbeat(tmp_path / "s", "run-1", every_s=0.05):
         time.sleep(0.2)
         assert (tmp_path / "s" / HEARTBEAT_FILE).read_text() == "run-1"
         tracker = LostTracker(tmp_path / "s", "run-1", lost_after=30)
-        assert tracker.lost(running=True) is None
-        assert tracker.lost(running=True, now=time.time() + 31) is not None   # beats stopped 31 s ago
+        assert tracker.lost("RUNNING") is None
+        assert tracker.lost("RUNNING", now=time.time() + 31).startswith("no heartbeat for 31")  # beats stopped
     assert not (tmp_path / "s" / HEARTBEAT_FILE).exists()
     # Never beat (or another attempt's beat): silence counts from when it was first seen running.
     (tmp_path / "s" / HEARTBEAT_FILE).write_text("run-0")
-    tracker = LostTracker(tmp_path / "s", "run-1", lost_after=30)
-    assert tracker.lost(running=False, now=0.0) is None           # scheduled: waiting for a worker is not lost
-    assert tracker.lost(running=True, now=100.0) is None
-    assert tracker.lost(running=True, now=129.0) is None
-    assert tracker.lost(running=True, now=131.0) == 31.0
-    monkeypatch.setenv(LOST_AFTER_ENV, "5")
-    with pytest.raises(ValueError, match="more than two heartbeats"):
-        lost_after_s()
-    monkeypatch.setenv(LOST_AFTER_ENV, "soon")
-    with pytest.raises(ValueError, match="not a number"):
-        lost_after_s()
+    tracker = LostTracker(tmp_path / "s", "run-1", lost_after=30, start_after=60)
+    assert tracker.lost("SCHEDULED", now=0.0) is None            # waiting for a worker is never lost
+    assert tracker.lost("SCHEDULED", now=10_000.0) is None
+    assert tracker.lost("PENDING", now=10_000.0) is None         # taken by a worker ...
+    assert tracker.lost("PENDING", now=10_059.0) is None
+    assert tracker.lost("PENDING", now=10_061.0) == "taken by a worker but not started for 61 s"  # ... never started
+    assert tracker.lost("RUNNING", now=10_100.0) is None          # started after all: the heartbeat rule now
+    assert tracker.lost("RUNNING", now=10_129.0) is None
+    assert tracker.lost("RUNNING", now=10_131.0) == "no heartbeat for 31 s"
+    assert tracker.lost("PENDING", now=10_200.0) is None          # back to PENDING (a retry): counted afresh
+    for env, read in ((LOST_AFTER_ENV, lost_after_s), (START_AFTER_ENV, start_after_s)):
+        monkeypatch.setenv(env, "5")
+        with pytest.raises(ValueError, match="more than two heartbeats"):
+            read()
+        monkeypatch.setenv(env, "soon")
+        with pytest.raises(ValueError, match="not a number"):
+            read()
+        monkeypatch.delenv(env)
+    assert (lost_after_s(), start_after_s()) == (120.0, 600.0)
 
 
 def test_a_snapshot_ref_must_name_its_own_tree(tmp_path):

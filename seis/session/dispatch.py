@@ -37,6 +37,7 @@ DEVICE_ENV = "CUDA_VISIBLE_DEVICES"  # the device a worker owns (its job variabl
 HEARTBEAT_FILE = "worker.alive"     # refreshed by a running session: its flow run id
 HEARTBEAT_S = 5.0
 LOST_AFTER_ENV = "SEIS_WORKER_LOST_S"  # no heartbeat for this long: the session's worker is lost (default 120)
+START_AFTER_ENV = "SEIS_WORKER_START_S"  # taken by a worker (PENDING) but not started for this long: lost (600)
 REDISPATCHES = 2                    # a lost session is dispatched again at most this many times
 
 
@@ -213,15 +214,23 @@ class Heartbeat:
         self.path.unlink(missing_ok=True)
 
 
-def lost_after_s() -> float:
-    raw = os.environ.get(LOST_AFTER_ENV, "120")
+def _seconds(name: str, default: str, at_least: float) -> float:
+    raw = os.environ.get(name, default)
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{LOST_AFTER_ENV}={raw!r} is not a number of seconds") from None
-    if value <= 2 * HEARTBEAT_S:
-        raise ValueError(f"{LOST_AFTER_ENV}={raw!r}: must be more than two heartbeats ({2 * HEARTBEAT_S:g} s)")
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if value <= at_least:
+        raise ValueError(f"{name}={raw!r}: must be more than two heartbeats ({at_least:g} s)")
     return value
+
+
+def lost_after_s() -> float:
+    return _seconds(LOST_AFTER_ENV, "120", 2 * HEARTBEAT_S)
+
+
+def start_after_s() -> float:
+    return _seconds(START_AFTER_ENV, "600", 2 * HEARTBEAT_S)
 
 
 def heartbeat_age(session_dir: Path, flow_run_id: str, now: float | None = None) -> float | None:
@@ -236,21 +245,31 @@ def heartbeat_age(session_dir: Path, flow_run_id: str, now: float | None = None)
 
 
 class LostTracker:
-    """Decides, from polls of a dispatched session's flow-run state, when its worker is lost: running, and no
-    heartbeat of that flow run for lost_after_s (counted from when it was first seen running if it never beat)."""
+    """Decides, from polls of a dispatched session's flow-run state, when its worker is lost: RUNNING with no
+    heartbeat of that flow run for lost_after s (counted from when it was first seen running if it never beat), or
+    PENDING -- taken by a worker, which then never started it -- for start_after s. SCHEDULED (no worker has taken
+    it yet) is waiting, never lost."""
 
-    def __init__(self, session_dir: Path, flow_run_id: str, lost_after: float):
-        self.session_dir, self.flow_run_id, self.lost_after = session_dir, str(flow_run_id), lost_after
+    def __init__(self, session_dir: Path, flow_run_id: str, lost_after: float, start_after: float = 600.0):
+        self.session_dir, self.flow_run_id = session_dir, str(flow_run_id)
+        self.lost_after, self.start_after = lost_after, start_after
         self.running_since: float | None = None
+        self.pending_since: float | None = None
 
-    def lost(self, running: bool, now: float | None = None) -> float | None:
-        """The silent seconds when lost, else None."""
+    def lost(self, state: str | None, now: float | None = None) -> str | None:
+        """Why the worker is lost (state: the flow run's state type, e.g. "RUNNING"), else None."""
         now = time.time() if now is None else now
-        if not running:
+        if state != "PENDING":
+            self.pending_since = None
+        if state != "RUNNING":
             self.running_since = None
+        if state == "PENDING":
+            self.pending_since = self.pending_since or now
+            waited = now - self.pending_since
+            return f"taken by a worker but not started for {waited:.0f} s" if waited > self.start_after else None
+        if state != "RUNNING":
             return None
         self.running_since = self.running_since or now
         age = heartbeat_age(self.session_dir, self.flow_run_id, now)
         silent = age if age is not None else now - self.running_since
-        return silent if silent > self.lost_after else None
-
+        return f"no heartbeat for {silent:.0f} s" if silent > self.lost_after else None
