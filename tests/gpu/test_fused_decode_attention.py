@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from seis.engine_import import ENGINE_TEMPLATE
-from seis.models import resolve_model
+from gpu_candidates import PROMPTS, e0_and_candidate, library_candidate, load_module
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
@@ -20,22 +18,12 @@ NAME = "fused-decode-attention"
 
 @pytest.fixture(scope="module")
 def candidate(tmp_path_factory):
-    from seis.agents.offline.library import load_library
-    from seis.agents.offline.verify import build_candidate
-    t = next(t for t in load_library() if t.name == NAME)
-    return build_candidate(tmp_path_factory.mktemp("candidate") / "engine_dir", [t])
+    return library_candidate(NAME, tmp_path_factory.mktemp("candidate") / "engine_dir")
 
 
 @pytest.fixture(scope="module")
 def kernel(candidate):
-    import importlib.util
-    import sys
-    spec = importlib.util.spec_from_file_location("candidate_triton_attention",
-                                                  candidate / "engine" / "kernels" / "triton_attention.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # triton's jit reads the kernel's source through the module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(candidate, "engine/kernels/triton_attention.py", "candidate_triton_attention")
 
 
 def _sdpa(q, k, v, page_table, lens, page):
@@ -83,17 +71,15 @@ def test_kernel_matches_sdpa_under_graph_replays(kernel, bs, splits, block_n):
 
 
 def test_fp32_engine_keeps_e0_tokens_with_graphs(candidate):
-    from seis.engine_host import EngineProcess
     from seis.engine_host.client import Sampling
-    prompts = [[5, 17, 33, 100, 7], [9] * 40, list(range(3, 300)), [200]]
-    options = {"device": "cuda", "dtype": "float32", "max_batch_size": 4, "max_seq_len": 512}
-    outs = []
-    for engine_dir in (ENGINE_TEMPLATE, candidate):
-        with EngineProcess(engine_dir, resolve_model("tiny-qwen3"), options, timeout_s=600) as eng:
-            eng.build()
-            outs.append([g["token_ids"] for g in eng.generate(prompts, Sampling(max_new_tokens=48,
-                                                                                 ignore_eos=True))])
-            single = eng.generate(prompts[2:3], Sampling(max_new_tokens=48, ignore_eos=True))[0]["token_ids"]
-            assert single == outs[-1][2]  # batch of one (one split layout) and the batch of four agree
-            assert eng.stats()["graph_replays"] > 0
-    assert outs[1] == outs[0]
+    greedy = Sampling(max_new_tokens=48, ignore_eos=True)
+
+    def run(eng):
+        outs = [g["token_ids"] for g in eng.generate(PROMPTS, greedy)]
+        single = eng.generate(PROMPTS[2:3], greedy)[0]["token_ids"]
+        assert single == outs[2]  # batch of one (one split layout) and the batch of four agree
+        assert eng.stats()["graph_replays"] > 0
+        return outs
+
+    e0, cand = e0_and_candidate(candidate, run)
+    assert cand == e0

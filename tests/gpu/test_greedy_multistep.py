@@ -6,14 +6,9 @@ Run on a CUDA machine: python -m pytest tests/gpu/test_greedy_multistep.py -q
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import torch
-
-from seis.engine_import import ENGINE_TEMPLATE
-from seis.models import resolve_model
+from gpu_candidates import PROMPTS, e0_and_candidate, library_candidate, load_module
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
@@ -21,18 +16,11 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(scope="module")
 def candidate(tmp_path_factory):
-    from seis.agents.offline.library import load_library
-    from seis.agents.offline.verify import build_candidate
-    t = next(t for t in load_library() if t.name == "greedy-multistep-decode")
-    return build_candidate(tmp_path_factory.mktemp("candidate") / "engine_dir", [t])
+    return library_candidate("greedy-multistep-decode", tmp_path_factory.mktemp("candidate") / "engine_dir")
 
 
 def test_advance_kernel_matches_argmax_under_graph_replays(candidate):
-    spec = importlib.util.spec_from_file_location("candidate_triton_greedy",
-                                                  candidate / "engine" / "kernels" / "triton_greedy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # triton's jit reads the kernel's source through the module
-    spec.loader.exec_module(module)
+    module = load_module(candidate, "engine/kernels/triton_greedy.py", "candidate_triton_greedy")
     bs, vocab, page, width, steps = 4, 151936, 16, 8, 8
     g = torch.Generator(device="cuda").manual_seed(0)
     logits = torch.randn(bs, vocab, device="cuda", generator=g)
@@ -73,18 +61,14 @@ def test_advance_kernel_matches_argmax_under_graph_replays(candidate):
 
 
 def test_fp32_engine_keeps_e0_tokens_with_graphs(candidate):
-    from seis.engine_host import EngineProcess
     from seis.engine_host.client import Sampling
-    prompts = [[5, 17, 33, 100, 7], [9] * 40, list(range(3, 300)), [200]]
-    options = {"device": "cuda", "dtype": "float32", "max_batch_size": 4, "max_seq_len": 512}
-    outs = []
-    for engine_dir in (ENGINE_TEMPLATE, candidate):
-        with EngineProcess(engine_dir, resolve_model("tiny-qwen3"), options, timeout_s=600) as eng:
-            eng.build()
-            greedy = Sampling(max_new_tokens=45, ignore_eos=True)  # 45: the last chunk is partial
-            outs.append([g["token_ids"] for g in eng.generate(prompts, greedy)])
-            stop = outs[-1][0][10]  # a stop id met inside a chunk
-            outs.append(eng.generate(prompts[:1], Sampling(max_new_tokens=45, stop_token_ids=(stop,)))[0]["token_ids"])
-            if engine_dir == candidate:
-                assert eng.stats()["greedy_steps_per_sync"] == 8
-    assert outs[2] == outs[0] and outs[3] == outs[1]
+
+    def run(eng):
+        greedy = Sampling(max_new_tokens=45, ignore_eos=True)  # 45: the last chunk is partial
+        outs = [g["token_ids"] for g in eng.generate(PROMPTS, greedy)]
+        stop = outs[0][10]  # a stop id met inside a chunk
+        stopped = eng.generate(PROMPTS[:1], Sampling(max_new_tokens=45, stop_token_ids=(stop,)))[0]["token_ids"]
+        return outs, stopped, eng.stats()["greedy_steps_per_sync"]
+
+    e0, cand = e0_and_candidate(candidate, run)
+    assert cand[:2] == e0[:2] and cand[2] == 8
