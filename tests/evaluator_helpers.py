@@ -6,6 +6,7 @@ loudly instead of silently producing a candidate that is not broken.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -15,13 +16,18 @@ from seis.evaluator import CheckSizes, GateConfig, IsolationConfig, SpeedConfig
 ENGINE_PY = "engine/engine.py"
 MODEL_PY = "engine/model.py"
 
+# Where these gates run: CPU in CI; SEIS_TEST_DEVICE=cuda runs the same suites (the adversarial one included) on a GPU.
+TEST_DEVICE = os.environ.get("SEIS_TEST_DEVICE", "cpu")
+if TEST_DEVICE not in ("cpu", "cuda"):
+    raise ValueError(f"SEIS_TEST_DEVICE={TEST_DEVICE!r}: cpu or cuda")
+
 # Small enough for CPU (two cores) yet covering every check: dev, held-out GSM8K and shapes, EOS probes.
 TINY_CHECKS = CheckSizes(n_dev=3, n_heldout_gsm8k=2, n_heldout_shapes=2, max_new_tokens=12, tf_max_tokens=12,
                          n_eos_probes=2, probe_new_tokens=3)
 
 
 def tiny_config(prepared: Path, candidate: Path, **overrides) -> GateConfig:
-    values = dict(candidate=candidate, model="tiny-qwen3", device="cpu", prepared_dir=prepared,
+    values = dict(candidate=candidate, model="tiny-qwen3", device=TEST_DEVICE, prepared_dir=prepared,
                   max_prompt_tokens=96, max_batch_size=16, checks=TINY_CHECKS, speed=SpeedConfig(enabled=False),
                   isolation=IsolationConfig(build_timeout_s=60, call_timeout_s=60, gate_timeout_s=300))
     values.update(overrides)
