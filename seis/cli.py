@@ -224,12 +224,14 @@ def evolve(
     from flows.runtime import apply
     apply()  # Prefect's settings, before Prefect is imported
     from flows.seis_flow import seis as seis_flow
-    _stop_engines_on_interrupt()
+    previous = _stop_engines_on_interrupt()
     try:
         state = seis_flow(**({"resume": str(resume)} if resume is not None else {"config": config}),
                           return_state=True)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the engines are dead already, the flow has crashed
         _fail(f"interrupted; continue with: seis evolve --resume {config.out}", code=130)
+    finally:
+        _restore_signals(previous)
     if not state.is_completed():  # one line, not the tracebacks (those are in the task runs' logs)
         _fail(f"{state.message or f'the run ended {state.name}'} (continue with: seis evolve --resume {config.out})",
               code=1)
@@ -273,10 +275,11 @@ def _prefect_api(run_dir: Path) -> None:
     os.environ["PREFECT_API_URL"], os.environ["PREFECT_HOME"] = server.url, str(home)
 
 
-def _stop_engines_on_interrupt() -> None:
+def _stop_engines_on_interrupt() -> dict:
     """Ctrl-C (SIGINT) or SIGTERM: kill every engine sandbox at once and start no new one, so that the gates in
     flight end now (with no verdict) instead of running to their end; then the flow crashes as Prefect makes it.
-    A signal the caller set to be ignored (a background job's SIGINT) stays ignored."""
+    A signal the caller set to be ignored (a background job's SIGINT) stays ignored. Returns the handlers it
+    replaced."""
     import signal
 
     def on_signal(signum, frame):
@@ -284,9 +287,17 @@ def _stop_engines_on_interrupt() -> None:
         interrupt()
         raise KeyboardInterrupt
 
+    previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, on_signal)
+            previous[sig] = signal.signal(sig, on_signal)
+    return previous
+
+
+def _restore_signals(previous: dict) -> None:
+    import signal
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
