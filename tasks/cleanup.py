@@ -39,8 +39,8 @@ def release_run(flow, flow_run, state) -> None:
             write_status(root, kind, message=f"the flow run {flow_run.name} was {kind}: {state.message or ''}"
                          .strip())
         reg.drop_run(str(flow_run.id))
-    logger.info("run cleanup after %s: %d sandbox(es) killed, %d GPU slot lease(s) released, %d unfinished task "
-                "run(s) ended, scratch removed", state.type.value.lower(), engines, released, ended)
+    logger.info("run cleanup after %s: %d GPU slot lease(s) released, %d unfinished task run(s) ended, %d "
+                "sandbox(es) killed, scratch removed", state.type.value.lower(), released, ended, engines)
 
 
 def _end_task_runs(flow_run, state, logger) -> int:
