@@ -208,19 +208,24 @@ def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared
     assert not scratch_dir(run).exists()
 
 
-def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(tmp_path, prepared_dir):
-    """SIGINT to the run's process group while a full gate (tens of seconds here) holds the GPU slot: the run
-    ends within seconds with exit code 130 and the resume command, its engines and Prefect server are gone, the
-    interrupted session left no outcome, and --resume then finishes the run."""
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, prepared_dir):
+    """SIGINT to the run's process group (Ctrl-C in a terminal), or SIGTERM to its process (a supervisor), while a
+    full gate (tens of seconds here) holds the GPU slot: the run ends within seconds with exit code 130 and the
+    resume command, its engines and Prefect server are gone, the interrupted session left no outcome, and
+    --resume then finishes the run."""
     run = tmp_path / "run"
-    proc = _evolve("--protocol", "chain", "--chains", "1", "--sessions", "2", "--model", "tiny-qwen3", "--device",
+    proc = _evolve("--protocol", "chain", "--chains", "1", "--sessions", "1", "--model", "tiny-qwen3", "--device",
                    "cpu", "--gate", "full", "--out", str(run), "--store", str(tmp_path / "store"),
                    preexec_fn=_sigint_default)
     s0 = run / "chains" / "c0" / "000"
     _wait_for_gate(proc, s0)
     assert _processes_of(run), "the run's processes should be visible while it runs"
     t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     stopped_s = time.monotonic() - t0
     assert proc.returncode == 130, out
@@ -237,4 +242,4 @@ def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(tmp_path, prepa
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
     assert json.loads((run / "status.json").read_text())["state"] == "complete"
-    assert list(pd.read_parquet(run / "summary.parquet").session) == [0, 1]
+    assert list(pd.read_parquet(run / "summary.parquet").session) == [0]
