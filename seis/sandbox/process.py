@@ -29,7 +29,7 @@ UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), 
 # hand out the same uid and one would kill the other's "leftovers".
 _LOCK_DIR = Path("/run/seis-sandbox-uids") if os.access("/run", os.W_OK) else Path("/tmp/seis-sandbox-uids")
 _STARTED: weakref.WeakSet = weakref.WeakSet()   # this process's sandboxes that have started and not been killed
-_STARTED_LOCK = threading.Lock()
+_STARTED_LOCK = threading.RLock()  # re-entrant: the Ctrl-C handler may run while its thread holds it
 _INTERRUPTED = threading.Event()                # set once: this process starts no sandbox any more
 
 
