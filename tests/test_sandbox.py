@@ -161,10 +161,17 @@ def test_siblings_cannot_be_signalled_and_can_be_frozen() -> None:
                     hits.append(pid)
                 except OSError:
                     pass
-            print(json.dumps({{'hits': hits, 'own': os.getpid()}}))
+            try:  # the evaluator itself: an interrupt it did not get would end its gates with no verdict
+                os.kill({os.getpid()}, 0)
+                evaluator = True
+            except OSError:
+                evaluator = False
+            print(json.dumps({{'hits': hits, 'own': os.getpid(), 'evaluator': evaluator}}))
         """, policy)
-        # Only its own namespace's processes are addressable (itself and its children), never the sibling's.
+        # Only its own namespace's processes are addressable (itself and its children), never the sibling's, and
+        # never the evaluator (its pid is a host pid, which no process of the sandbox's namespace has).
         assert not set(seen["hits"]) & set(host_pids)
+        assert seen["evaluator"] is False
         line = victim.proc.stdout.readline()
         assert line, "the sibling stopped answering"
         # The gate, though, can freeze a sandbox as a whole and let it go again.
