@@ -6,11 +6,15 @@ for one engine, one request.
 The engine runs in this process (the profiler needs it); run one process per engine to compare engines. Timed:
 one request, a 100-token prompt and N forced new tokens after a warm-up request; the prefill's kernels are
 counted too (they are part of the request), so use enough new tokens for the per-token figures to mean decode.
+Besides summed kernel time it reports the request's wall time and the time the GPU ran any kernel (the union of
+the kernels' intervals): their difference is GPU idle time, and with programmatic dependent launch (kernels that
+start early and wait for their predecessor) the union, not the sum, is what the kernels cost.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -45,13 +49,17 @@ def main(argv: list[str] | None = None) -> dict:
     eng.generate([prompts[0]], sp)  # warm-up
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
         eng.generate([prompts[1]], sp)
         torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    intervals = []
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.name.startswith(("Memcpy", "Memset")):
             per_kernel[ev.name][0] += 1
             per_kernel[ev.name][1] += ev.device_time_total  # microseconds
+            intervals.append((ev.time_range.start, ev.time_range.end, ev.name))
     launches = sum(c for c, _ in per_kernel.values())
     total_us = sum(t for _, t in per_kernel.values())
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[: args.top]
@@ -60,16 +68,53 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "kernel_profile", "label": args.label or str(args.engine_dir or "E0"), "model": args.model,
         "commit": _commit(), "device": torch.cuda.get_device_name(), "new_tokens": n,
         "kernels_per_token": launches / n, "kernel_us_per_token": total_us / n,
+        "busy_us_per_token": busy_us(intervals) / n, "wall_us_per_token": wall_us / n,
+        "largest_idle_gaps": idle_gaps(intervals, 12), "idle_us_per_token_after": idle_after(intervals, n, 8),
         "attention_backend": eng.stats()["attention_backend"],
         "top": [{"kernel": k[:90], "calls_per_token": c / n, "us_per_token": t / n} for k, (c, t) in top],
     }
     print(f"{result['label']}: {result['kernels_per_token']:.1f} kernels and {result['kernel_us_per_token']:.0f} µs "
-          f"of kernel time per output token ({result['device']}, {args.model}, {n} tokens)")
+          f"of kernel time per output token, GPU busy {result['busy_us_per_token']:.0f} µs of "
+          f"{result['wall_us_per_token']:.0f} µs wall ({result['device']}, {args.model}, {n} tokens)")
     for row in result["top"]:
         print(f"  {row['us_per_token']:8.1f} µs  {row['calls_per_token']:6.1f}x  {row['kernel']}")
+    print("idle per token, by the kernel before it:", result["idle_us_per_token_after"])
+    print("largest idle gaps:")
+    for g in result["largest_idle_gaps"]:
+        print(f"  {g['us']:8.1f} µs  after {g['after']}  before {g['before']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result
+
+
+def busy_us(intervals: list[tuple[float, float, str]]) -> float:
+    """Length of the union of the [start, end) intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end, _ in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def idle_gaps(intervals: list[tuple[float, float, str]], top: int) -> list[dict]:
+    """The longest stretches in which no kernel ran, with the kernels on either side, and the summed idle time
+    of the gaps after each kernel (where the GPU waits)."""
+    gaps, reach, last = [], None, ""
+    for start, end, name in sorted(intervals):
+        if reach is not None and start > reach:
+            gaps.append({"us": round(start - reach, 1), "after": last[:60], "before": name[:60]})
+        if reach is None or end > reach:
+            reach, last = end, name
+    return sorted(gaps, key=lambda g: -g["us"])[:top]
+
+
+def idle_after(intervals: list[tuple[float, float, str]], per: int, top: int) -> dict[str, float]:
+    """Idle time per `per` tokens summed by the kernel that ran last before it, largest first."""
+    by: dict[str, float] = defaultdict(float)
+    for g in idle_gaps(intervals, len(intervals)):
+        by[g["after"]] += g["us"] / per
+    return dict(sorted(((k, round(v, 1)) for k, v in by.items()), key=lambda kv: -kv[1])[:top])
 
 
 if __name__ == "__main__":

@@ -2,12 +2,13 @@
 of the transformations stacked in a given order, all in one run.
 
     python -m seis.benchmarks.ladder --model qwen3-0.6b-random [--order a,b,c] [--alone] [--also x+y,z]
-                                     [--reps 3] [--json F]
+                                     [--engine LABEL=DIR ...] [--reps 3] [--json F]
 
 Every engine runs in its own sandboxed process (as the gate runs candidates) and all are alive at once; each
 repetition times every engine once, interleaved, on a fresh prompt, so drift hits them alike. Throughput counts
 the forced new tokens over the wall time of the whole request (prefill included). Each engine's greedy tokens are
-compared with E0's on the same prompts (the length of the common prefix is reported).
+compared with E0's on the same prompts (the length of the common prefix is reported). --engine adds an engine
+tree from elsewhere (a run's retained engine, an earlier version of a transformation) under its own label.
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from .engine_speed import _commit
 from .stats import fmt_range, summarize
 
 
-def systems(order: list[str], alone: bool, backends: list[str], work: Path, also: list[list[str]] = ()
-            ) -> dict[str, tuple[Path, dict]]:
+def systems(order: list[str], alone: bool, backends: list[str], work: Path, also: list[list[str]] = (),
+            extra: dict[str, Path] | None = None) -> dict[str, tuple[Path, dict]]:
     """name -> (engine dir, engine options)."""
     library = {t.name: t for t in load_library()}
     unknown = [n for n in order + [n for stack in also for n in stack] if n not in library]
@@ -41,6 +42,22 @@ def systems(order: list[str], alone: bool, backends: list[str], work: Path, also
         out["E0 + " + " + ".join(steps)] = (build_candidate(work / f"stack-{i}", [library[n] for n in steps]), {})
     for i, steps in enumerate(also):
         out["E0 + " + " + ".join(steps)] = (build_candidate(work / f"also-{i}", [library[n] for n in steps]), {})
+    for label, engine_dir in (extra or {}).items():
+        if label in out:
+            raise SystemExit(f"--engine label {label!r} is taken")
+        if not (Path(engine_dir) / "engine" / "engine.py").is_file():
+            raise SystemExit(f"--engine {label}={engine_dir}: no engine/engine.py there")
+        out[label] = (Path(engine_dir), {})
+    return out
+
+
+def _labelled_dirs(values: list[str]) -> dict[str, Path]:
+    out = {}
+    for v in values:
+        label, sep, path = v.partition("=")
+        if not sep or not label or not path:
+            raise SystemExit(f"--engine wants LABEL=DIR, not {v!r}")
+        out[label] = Path(path)
     return out
 
 
@@ -55,6 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--order", default="", help="comma-separated transformations, stacked in this order")
     ap.add_argument("--alone", action="store_true", help="also each transformation alone on E0")
     ap.add_argument("--also", default="", help="more stacks beside the ladder: comma-separated, each a+b+c")
+    ap.add_argument("--engine", action="append", default=[], metavar="LABEL=DIR",
+                    help="also time this engine tree (a folder holding engine/), under LABEL; repeatable")
     ap.add_argument("--backends", default="", help="E0 also with these attention backends, e.g. triton,torch")
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -78,11 +97,12 @@ def main(argv: list[str] | None = None) -> dict:
     order = [n for n in args.order.split(",") if n]
     backends = [b for b in args.backends.split(",") if b]
     also = [[n for n in stack.split("+") if n] for stack in args.also.split(",") if stack]
+    extra = _labelled_dirs(args.engine)
     with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache:
         # One JIT cache per engine: each sandbox runs as its own user, and no engine may write another's cache.
         engines = {name: EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900,
                                        cache_dir=_fresh_dir(Path(cache) / f"engine-{i}"))
-                   for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp), also).items())}
+                   for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp), also, extra).items())}
         try:
             info, tokens, times = {}, {n: [] for n in engines}, {n: [] for n in engines}
             for name, eng in engines.items():
