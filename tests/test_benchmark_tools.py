@@ -1,0 +1,44 @@
+"""The benchmark tools' own logic, on CPU: which engines a ladder run times (and its refusal of bad --engine
+values before anything starts), and how the kernel profile turns kernel intervals into GPU busy and idle time."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from seis.benchmarks import kernel_profile, ladder
+from seis.engine_import import ENGINE_TEMPLATE
+
+
+def test_ladder_times_extra_engine_trees_under_their_labels(tmp_path):
+    tree = tmp_path / "retained"
+    shutil.copytree(ENGINE_TEMPLATE, tree)
+    got = ladder.systems(["greedy-multistep-decode"], False, [], tmp_path / "work",
+                         extra=ladder._labelled_dirs([f"from a run={tree}"]))
+    assert list(got) == ["E0", "E0 + greedy-multistep-decode", "from a run"]
+    assert got["from a run"] == (tree, {})
+
+
+@pytest.mark.parametrize("value, message", [
+    ("no-equals-sign", "LABEL=DIR"), ("=/tmp/x", "LABEL=DIR"), ("label=", "LABEL=DIR"),
+    ("x={missing}", "no engine/engine.py"), ("E0={template}", "is taken")])
+def test_ladder_refuses_bad_engine_values(tmp_path, value, message):
+    value = value.format(missing=tmp_path / "nothing", template=ENGINE_TEMPLATE)
+    with pytest.raises(SystemExit, match=message):
+        ladder.systems([], False, [], tmp_path, extra=ladder._labelled_dirs([value]))
+
+
+def test_busy_time_is_the_union_of_kernel_intervals():
+    # Overlapping kernels (programmatic dependent launch) count once; a kernel inside another adds nothing.
+    iv = [(0.0, 2.0, "a"), (1.0, 3.0, "b"), (5.0, 6.0, "c"), (5.2, 5.8, "d"), (10.0, 11.0, "e")]
+    assert kernel_profile.busy_us(iv) == pytest.approx(5.0)
+    assert kernel_profile.busy_us([]) == 0.0
+
+
+def test_idle_gaps_name_the_kernels_around_them():
+    iv = [(0.0, 2.0, "gemv"), (1.0, 3.0, "attn"), (5.0, 6.0, "copy"), (5.2, 5.8, "inner"), (10.0, 11.0, "embed"),
+          (12.0, 13.0, "gemv")]
+    gaps = kernel_profile.idle_gaps(iv, 2)
+    assert gaps == [{"us": 4.0, "after": "copy", "before": "embed"}, {"us": 2.0, "after": "attn", "before": "copy"}]
+    # per 2 tokens: 4 us after "copy", 2 after "attn", 1 after "embed"
+    assert kernel_profile.idle_after(iv, 2, 8) == {"copy": 2.0, "attn": 1.0, "embed": 0.5}
