@@ -2,12 +2,14 @@
 and every library transformation keeps E0's outputs (tiny-qwen3, CPU, engines in child processes)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from seis.agents import (Agent, AgentResult, Budget, SessionBlock, SessionContext, lineage, parse_session_block,
                          render_report, stamp_verdict)
 from seis.agents.offline import (OfflineAgent, apply_transformation, exploration_order, is_present, load_library,
-                                 merge_transformation)
+                                 merge_transformation, present_in)
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.workspace import PeerMaterial, Report, copy_tree, diff_workspace, prepare_workspace, tree_hash
 
@@ -199,3 +201,66 @@ def test_what_supersedes_is_explored_before_what_it_supersedes():
         for i in range(4):
             order = exploration_order(["a-least", "q-best", "t-mid", "x"], i, sup)
             assert order.index("q-best") < order.index("t-mid") < order.index("a-least"), (i, order)
+
+
+def _library_with_a_dependent(tmp_path, prerequisites=("triton-gemv",)):
+    """A library folder: copies of triton-gemv and batched-scoring, and `gemv-note`, whose patch was made against
+    E0 + triton-gemv: it edits a file triton-gemv creates and a line triton-gemv changed."""
+    import shutil
+
+    from seis.agents.offline.rebase import unified_diff
+    from seis.agents.offline.verify import build_candidate
+
+    root = tmp_path / "library"
+    for name in ("triton-gemv", "batched-scoring"):
+        shutil.copytree(LIBRARY[name].path, root / name)
+    base = build_candidate(tmp_path / "made-on", [LIBRARY["triton-gemv"]])
+    gemv, model = "engine/kernels/triton_gemv.py", "engine/model.py"
+    new_gemv = (base / gemv).read_text().replace("GEMV_MAX_TOKENS = 8", "GEMV_MAX_TOKENS = 8  # noted")
+    line = "hidden = ops.linear(attn_out, self.o_proj)"
+    assert "GEMV_MAX_TOKENS = 8" in (base / gemv).read_text() and line in (base / model).read_text()
+    assert line not in (ENGINE_TEMPLATE / model).read_text()  # a line triton-gemv wrote
+    new_model = (base / model).read_text().replace(line, line + "  # noted")
+    (root / "gemv-note").mkdir()
+    (root / "gemv-note" / "patch.diff").write_text(unified_diff(base, {gemv: new_gemv.encode(),
+                                                                      model: new_model.encode()}))
+    (root / "gemv-note" / "meta.json").write_text(json.dumps({
+        "name": "gemv-note", "rationale": "test", "expected_effect": "none", "target_files": [gemv, model],
+        "prerequisites": list(prerequisites)}))
+    return {t.name: t for t in load_library(root)}
+
+
+def test_a_dependent_transformation_builds_on_its_prerequisites(tmp_path):
+    lib = _library_with_a_dependent(tmp_path)
+    note, gemv, scoring = lib["gemv-note"], lib["triton-gemv"], lib["batched-scoring"]
+    # Onto E0 alone it does not apply (the file it edits does not exist there), and nothing is written.
+    bare = _ws(tmp_path, "bare")
+    before = tree_hash(bare.root)
+    assert merge_transformation(bare.root, ENGINE_TEMPLATE, note).outcome == "conflict"
+    assert tree_hash(bare.root) == before
+    # With its prerequisite it merges, in any order with an unrelated transformation, to the same engine.
+    trees = []
+    for i, order in enumerate([(gemv, note, scoring), (scoring, gemv, note), (gemv, scoring, note)]):
+        ws = _ws(tmp_path, f"o{i}")
+        for t in order:
+            assert apply_transformation(ws.root, ENGINE_TEMPLATE, t).outcome == "applied", (i, t.name)
+        # the dependent's edit of a file triton-gemv created leaves triton-gemv present through it
+        assert not is_present(ws.root, ENGINE_TEMPLATE, gemv) and is_present(ws.root, ENGINE_TEMPLATE, note)
+        assert present_in(ws.root, ENGINE_TEMPLATE, lib) == set(lib)
+        trees.append(tree_hash(ws.root))
+    assert len(set(trees)) == 1
+    text = (ws.root / "engine/kernels/triton_gemv.py").read_text()
+    assert "GEMV_MAX_TOKENS = 8  # noted" in text and "  # noted" in (ws.root / "engine/model.py").read_text()
+    # The agent tries it only once its prerequisite is in, whatever its exploration order.
+    for i in range(3):
+        ws = _ws(tmp_path, f"agent{i}")
+        result = OfflineAgent(library=tuple(lib.values())).edit(
+            ws, SessionContext("c0", 1, chain_index=i, budget=Budget(max_transformations=3, max_attempts=3)))
+        assert not result.failed and "gemv-note" in result.applied
+        assert result.applied.index("triton-gemv") < result.applied.index("gemv-note")
+
+
+def test_a_prerequisite_cycle_is_an_error_not_a_merge(tmp_path):
+    lib = _library_with_a_dependent(tmp_path, prerequisites=("gemv-note",))
+    result = merge_transformation(_ws(tmp_path).root, ENGINE_TEMPLATE, lib["gemv-note"])
+    assert result.outcome == "error" and "cycle" in result.detail

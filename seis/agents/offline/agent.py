@@ -19,7 +19,7 @@ from ...workspace import Workspace
 from ..report import SessionBlock, lineage, render_report
 from ..types import Adoption, AgentResult, Failure, SessionContext
 from .library import Transformation, load_library
-from .merge import apply_transformation, is_present
+from .merge import apply_transformation, present_in
 
 
 def exploration_order(names: list[str], chain_index: int, supersedes: dict[str, tuple[str, ...]] | None = None
@@ -59,7 +59,7 @@ class OfflineAgent:
         for peer in sorted(context.peers, key=lambda p: p.chain):
             names = set(lineage(peer.reports).retained)
             code = workspace.peers.get(peer.chain, peer.engine_dir)
-            names |= {n for n, t in self.library.items() if is_present(code, self.base_dir, t)}
+            names |= present_in(code, self.base_dir, self.library)
             for n in sorted(names & self.library.keys()):
                 seen.setdefault(n, peer.chain)
         return sorted(seen.items())
@@ -68,7 +68,7 @@ class OfflineAgent:
         start = time.perf_counter()
         history = lineage(context.inherited_reports)
         blocked = set(history.blocked)
-        present = {n for n, t in self.library.items() if is_present(workspace.root, self.base_dir, t)}
+        present = present_in(workspace.root, self.base_dir, self.library)
         applied: list[str] = []
         adopted: list[Adoption] = []
         failed: list[Failure] = []
@@ -108,13 +108,18 @@ class OfflineAgent:
         budget = context.budget
         if not adopted:
             supersedes = {n: t.supersedes for n, t in self.library.items() if t.supersedes}
-            for name in exploration_order(list(self.library), context.chain_index, supersedes):
-                if len(applied) >= budget.max_transformations or len(attempted) >= budget.max_attempts:
-                    break
-                if name in present or name in blocked or not ready(name):
-                    continue
-                if attempt(name):
-                    applied.append(name)
+            order = exploration_order(list(self.library), context.chain_index, supersedes)
+            progress = True
+            while progress:  # again after a change: what it made ready (a dependent of it) may come earlier
+                progress = False
+                for name in order:
+                    if len(applied) >= budget.max_transformations or len(attempted) >= budget.max_attempts:
+                        break
+                    if name in present or name in blocked or not ready(name):
+                        continue
+                    if attempt(name):
+                        applied.append(name)
+                        progress = True
 
         status = "edited" if applied or adopted else ("failed" if failed else "no_change")
         block = SessionBlock(context.chain, context.session, self.name, tuple(applied), tuple(adopted),

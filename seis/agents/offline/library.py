@@ -2,7 +2,8 @@
 
     library/<name>/meta.yaml   name, rationale, expected_effect, target_files
                                (+ gpu_only, numerics, verified, prerequisites, supersedes)
-    library/<name>/patch.diff  a unified diff against E0 (engine_template/), paths a/<file> b/<file>
+    library/<name>/patch.diff  a unified diff against E0 (engine_template/) with the prerequisites applied,
+                               paths a/<file> b/<file>
 """
 from __future__ import annotations
 

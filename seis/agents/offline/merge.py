@@ -1,10 +1,14 @@
 """Apply a library transformation onto a workspace by a 3-way merge per target file.
 
-base = E0's file, theirs = E0's file with the patch applied, ours = the workspace's file. `git merge-file` keeps
-the workspace's other changes; a conflict means the transformation does not fit this engine any more.
+base = the file the patch was made against, theirs = that file with the patch applied, ours = the workspace's
+file. `git merge-file` keeps the workspace's other changes; a conflict means the transformation does not fit this
+engine any more. A transformation without prerequisites is a patch against E0; one with prerequisites is a patch
+against E0 with its prerequisites applied (the files they create or change are its base), so it can build on
+them and still merge into any engine that holds them, whatever else that engine has.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
@@ -14,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .library import Transformation
+from .library import Transformation, load_library
 
 Outcome = Literal["applied", "present", "conflict", "error"]
 
@@ -53,6 +57,58 @@ def _patched(base_dir: str, name: str, patch: str, targets: tuple[str, ...]) -> 
                 for rel in targets}
 
 
+def prerequisite_chain(t: Transformation) -> list[Transformation]:
+    """t's prerequisites and theirs, each after what it needs (from t's library)."""
+    if not t.prerequisites:
+        return []
+    if t.path is None:
+        raise PatchError(f"transformation {t.name!r} has prerequisites but no library to find them in")
+    library = {x.name: x for x in load_library(t.path.parent)}
+    order: list[Transformation] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise PatchError(f"prerequisites of {t.name!r} form a cycle: {' -> '.join(path + (name,))}")
+        if name not in library:
+            raise PatchError(f"{t.name!r} needs {name!r}, which is not in its library")
+        if any(x.name == name for x in order):
+            return
+        for p in library[name].prerequisites:
+            visit(p, path + (name,))
+        order.append(library[name])
+
+    for p in t.prerequisites:
+        visit(p, (t.name,))
+    return order
+
+
+def patch_base(base_dir: str, t: Transformation) -> str:
+    """The tree t's patch applies to: base_dir itself, or (with prerequisites) the files t and its prerequisites
+    touch, copied from base_dir with the prerequisites applied in order (a folder kept until the process ends)."""
+    chain = prerequisite_chain(t)
+    return _with_applied(base_dir, tuple(chain), t.target_files) if chain else base_dir
+
+
+@functools.lru_cache(maxsize=32)
+def _with_applied(base_dir: str, chain: tuple[Transformation, ...], targets: tuple[str, ...]) -> str:
+    tree = Path(_scratch_dir())
+    for rel in sorted({rel for x in chain for rel in x.target_files} | set(targets)):
+        if (Path(base_dir) / rel).is_file():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(base_dir) / rel, tree / rel)
+    for p in chain:
+        result = apply_transformation(tree, base_dir, p)
+        if result.outcome != "applied":
+            raise PatchError(f"prerequisite {p.name!r} does not apply to {base_dir}: {result.outcome} {result.detail}")
+    return str(tree)
+
+
+def _scratch_dir() -> str:
+    path = tempfile.mkdtemp(prefix="seis-patch-base-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def merge_file(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, int]:
     """(merged bytes, number of conflicts) by `git merge-file -p` (no files are changed)."""
     with tempfile.TemporaryDirectory(prefix="seis-merge-") as tmp:
@@ -79,7 +135,7 @@ def merge_transformation(tree: str | Path, base_dir: str | Path, t: Transformati
     """What applying t onto tree would give, without writing anything."""
     tree = Path(tree)
     try:
-        patched = _patched(str(Path(base_dir).resolve()), t.name, t.patch, t.target_files)
+        patched = _patched(patch_base(str(Path(base_dir).resolve()), t), t.name, t.patch, t.target_files)
     except PatchError as e:
         return MergeResult("error", detail=str(e))
     merged: dict[str, bytes] = {}
@@ -116,3 +172,11 @@ def apply_transformation(tree: str | Path, base_dir: str | Path, t: Transformati
 
 def is_present(tree: str | Path, base_dir: str | Path, t: Transformation) -> bool:
     return merge_transformation(tree, base_dir, t).outcome == "present"
+
+
+def present_in(tree: str | Path, base_dir: str | Path, library: dict[str, Transformation]) -> set[str]:
+    """Names of the library's transformations in tree: those whose merge changes nothing, and the prerequisites
+    of those (a dependent may have edited a file its prerequisite created, which then no longer merges as
+    unchanged on its own)."""
+    present = {n for n, t in library.items() if is_present(tree, base_dir, t)}
+    return present | {p.name for n in present for p in prerequisite_chain(library[n])}

@@ -4,7 +4,8 @@ are 3-way merged onto today's engine_template/ and written back as a patch again
     python -m seis.agents.offline.rebase --from REV [--names a,b]
     python -m seis.agents.offline.rebase --from-dir OLD_E0_DIR [--names a,b]
 
-A transformation whose merge conflicts is left as it is and named on stderr (it must be redone by hand).
+A transformation whose merge conflicts is left as it is and named on stderr (it must be redone by hand), and so is
+one with prerequisites: its patch is against E0 with them applied, so it is carried by hand once they are.
 """
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def unified_diff(base_dir: Path, files: dict[str, bytes]) -> str:
 
 def rebase(t: Transformation, rev: str | None = None, old_dir: Path | None = None) -> str | None:
     """The patch carried onto today's E0 from E0 at git revision `rev` (or in `old_dir`); None on a conflict."""
+    if t.prerequisites:
+        raise ValueError(f"{t.name} is a patch against E0 with {', '.join(t.prerequisites)}: carry it by hand")
     with tempfile.TemporaryDirectory(prefix="seis-rebase-old-") as tmp:
         old = Path(old_dir) if old_dir is not None else _old_tree(rev, t.target_files, Path(tmp))
         patched = _patched(str(old), t.name, t.patch, t.target_files)
@@ -76,9 +79,12 @@ def main() -> None:
     ap.add_argument("--names", default="")
     args = ap.parse_args()
     names = {n for n in args.names.split(",") if n}
-    failed = []
+    failed, by_hand = [], []
     for t in load_library():
         if names and t.name not in names:
+            continue
+        if t.prerequisites:
+            by_hand.append(t.name)
             continue
         patch = rebase(t, args.rev, args.from_dir)
         if patch is None:
@@ -86,8 +92,11 @@ def main() -> None:
         elif patch != t.patch:
             (t.path / "patch.diff").write_text(patch, encoding="utf-8")
             print(f"rebased {t.name}")
+    if by_hand:
+        print("built on prerequisites, to carry by hand (left unchanged): " + ", ".join(by_hand), file=sys.stderr)
     if failed:
         print("conflicts (left unchanged): " + ", ".join(failed), file=sys.stderr)
+    if failed or by_hand:
         sys.exit(1)
 
 
