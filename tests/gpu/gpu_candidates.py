@@ -1,6 +1,6 @@
-"""What the GPU checks of library entries share: the candidate (E0 + one entry), a kernel module loaded from it,
-and fp32 tiny-qwen3 on CUDA with graphs for E0 and the candidate on the same prompts, so an entry can be required
-to keep E0's greedy tokens exactly."""
+"""What the GPU checks of library entries share: the candidate (E0 + one entry, after its prerequisites), a kernel
+module loaded from it, and fp32 tiny-qwen3 on CUDA with graphs for E0 and the candidate on the same prompts, so an
+entry can be required to keep E0's greedy tokens exactly."""
 from __future__ import annotations
 
 import importlib.util
@@ -15,9 +15,12 @@ OPTIONS = {"device": "cuda", "dtype": "float32", "max_batch_size": 4, "max_seq_l
 
 
 def library_candidate(name: str, dest: Path) -> Path:
+    """E0 with the library entry `name` (after its prerequisites, if it has any)."""
     from seis.agents.offline.library import load_library
+    from seis.agents.offline.merge import prerequisite_chain
     from seis.agents.offline.verify import build_candidate
-    return build_candidate(dest, [next(t for t in load_library() if t.name == name)])
+    t = next(t for t in load_library() if t.name == name)
+    return build_candidate(dest, prerequisite_chain(t) + [t])
 
 
 def load_module(candidate: Path, rel: str, name: str):
