@@ -42,3 +42,10 @@ def test_idle_gaps_name_the_kernels_around_them():
     assert gaps == [{"us": 4.0, "after": "copy", "before": "embed"}, {"us": 2.0, "after": "attn", "before": "copy"}]
     # per 2 tokens: 4 us after "copy", 2 after "attn", 1 after "embed"
     assert kernel_profile.idle_after(iv, 2, 8) == {"copy": 2.0, "attn": 1.0, "embed": 0.5}
+
+
+def test_ladder_builds_an_entry_alone_after_its_prerequisites(tmp_path):
+    got = ladder.systems(["qkv-rope-epilogue"], True, [], tmp_path)
+    tree = got["E0 + qkv-rope-epilogue"][0]
+    assert (tree / "engine/kernels/triton_gemv.py").is_file()  # triton-gemv, a prerequisite, is in it
+    assert "norm_linear_qk_rope_store" in (tree / "engine/model.py").read_text()

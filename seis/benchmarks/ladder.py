@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..agents.offline.library import load_library
+from ..agents.offline.merge import prerequisite_chain
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
 from .engine_speed import _commit
@@ -36,7 +37,8 @@ def systems(order: list[str], alone: bool, backends: list[str], work: Path, also
     for b in backends:
         out[f"E0 ({b} attention)"] = (ENGINE_TEMPLATE, {"attention_backend": b})
     for name in order if alone else []:
-        out[f"E0 + {name}"] = (build_candidate(work / f"alone-{name}", [library[name]]), {})
+        t = library[name]  # alone: on E0 with nothing but its prerequisites
+        out[f"E0 + {name}"] = (build_candidate(work / f"alone-{name}", prerequisite_chain(t) + [t]), {})
     for i in range(2 if alone else 1, len(order) + 1):
         steps = order[:i]
         out["E0 + " + " + ".join(steps)] = (build_candidate(work / f"stack-{i}", [library[n] for n in steps]), {})
