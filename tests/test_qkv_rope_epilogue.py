@@ -13,6 +13,7 @@ pytest.importorskip("triton")
 
 from interpreted import run_interpreted  # noqa: E402
 from seis.agents.offline.library import load_library  # noqa: E402
+from seis.agents.offline.merge import with_prerequisites  # noqa: E402
 from seis.agents.offline.verify import build_candidate  # noqa: E402
 
 CHECK = r'''
@@ -86,6 +87,6 @@ def test_qkv_gemv_epilogue_matches_gemv_then_rope_store(tmp_path):
     library = {t.name: t for t in load_library()}
     t = library["qkv-rope-epilogue"]
     assert set(t.prerequisites) == {"triton-gemv", "fused-qk-rope-store"}
-    candidate = build_candidate(tmp_path / "candidate", [library[n] for n in sorted(t.prerequisites)] + [t])
+    candidate = build_candidate(tmp_path / "candidate", with_prerequisites(t))
     out = run_interpreted(CHECK, candidate, tmp_path, timeout_s=600)
     assert "cases 9" in out

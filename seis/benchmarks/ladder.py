@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ..agents.offline.library import load_library
-from ..agents.offline.merge import prerequisite_chain
+from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
 from .engine_speed import _commit
@@ -38,7 +38,7 @@ def systems(order: list[str], alone: bool, backends: list[str], work: Path, also
         out[f"E0 ({b} attention)"] = (ENGINE_TEMPLATE, {"attention_backend": b})
     for name in order if alone else []:
         t = library[name]  # alone: on E0 with nothing but its prerequisites
-        out[f"E0 + {name}"] = (build_candidate(work / f"alone-{name}", prerequisite_chain(t) + [t]), {})
+        out[f"E0 + {name}"] = (build_candidate(work / f"alone-{name}", with_prerequisites(t)), {})
     for i in range(2 if alone else 1, len(order) + 1):
         steps = order[:i]
         out["E0 + " + " + ".join(steps)] = (build_candidate(work / f"stack-{i}", [library[n] for n in steps]), {})

@@ -17,10 +17,10 @@ OPTIONS = {"device": "cuda", "dtype": "float32", "max_batch_size": 4, "max_seq_l
 def library_candidate(name: str, dest: Path) -> Path:
     """E0 with the library entry `name` (after its prerequisites, if it has any)."""
     from seis.agents.offline.library import load_library
-    from seis.agents.offline.merge import prerequisite_chain
+    from seis.agents.offline.merge import with_prerequisites
     from seis.agents.offline.verify import build_candidate
     t = next(t for t in load_library() if t.name == name)
-    return build_candidate(dest, prerequisite_chain(t) + [t])
+    return build_candidate(dest, with_prerequisites(t))
 
 
 def load_module(candidate: Path, rel: str, name: str):

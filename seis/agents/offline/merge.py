@@ -82,6 +82,11 @@ def prerequisite_chain(t: Transformation) -> list[Transformation]:
     return order
 
 
+def with_prerequisites(t: Transformation) -> list[Transformation]:
+    """What to apply onto E0, in order, to have t: its prerequisite chain, then t."""
+    return prerequisite_chain(t) + [t]
+
+
 def patch_base(base_dir: str, t: Transformation) -> str:
     """The tree t's patch applies to: base_dir itself, or (with prerequisites) the files t and its prerequisites
     touch, copied from base_dir with the prerequisites applied in order (a folder kept until the process ends)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from ...engine_import import ENGINE_TEMPLATE
 from ...workspace import copy_tree
 from .library import Transformation, load_library
-from .merge import apply_transformation, prerequisite_chain
+from .merge import apply_transformation, with_prerequisites
 
 PROMPTS = [[5, 17, 33, 100, 7], [9] * 13, list(range(3, 40)), [200], list(range(50, 71)), [11, 12]]
 
@@ -82,13 +82,13 @@ def verify(model: str = "tiny-qwen3", device: str = "cpu", names: list[str] | No
         root = Path(work_dir or tmp)
         # each on E0 with its prerequisites; "all": in sequence (each after its prerequisites), less what another
         # chosen one supersedes
-        candidates = {t.name: prerequisite_chain(t) + [t] for t in chosen}
+        candidates = {t.name: with_prerequisites(t) for t in chosen}
         if include_all and len(chosen) > 1:
             superseded = {s for t in chosen for s in t.supersedes}
             stack: list[Transformation] = []
             for t in chosen:
                 if t.name not in superseded:
-                    stack += [x for x in prerequisite_chain(t) + [t] if x not in stack]
+                    stack += [x for x in with_prerequisites(t) if x not in stack]
             candidates["all"] = stack
         dirs = {name: build_candidate(root / name, ts) for name, ts in candidates.items()}
         dirs["E0"] = ENGINE_TEMPLATE
