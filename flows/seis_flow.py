@@ -29,6 +29,7 @@ from prefect.utilities.annotations import quote
 from flows.runtime import quiet_thread_timeout_notice
 from seis.config import RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
+from seis.sandbox import interrupt_on_exit_signal
 from seis.session import (ChainState, RunDir, initial_states, pick_best, session_spec, upstream_is_vanilla)
 from seis.session.dispatch import adopt_recorded, peer_refs, session_request
 from seis.session.display import rounded, run_label, run_tags, session_markdown, summary_artifact_markdown
@@ -170,7 +171,8 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
         registry().add_run(flow_run_id, run.root, scratch_root)
         interrupted = False
         try:
-            vanilla, outcomes, failures = _sessions(config, run, resumed)
+            with interrupt_on_exit_signal():   # a gate in flight ends now, not when Prefect's threads are joined
+                vanilla, outcomes, failures = _sessions(config, run, resumed)
             if failures:
                 message = "; ".join(failures)
                 run.set_status("failed", sessions_done=len(outcomes), message=message)

@@ -17,6 +17,7 @@ from pathlib import Path
 from prefect import flow, tags
 
 from flows.runtime import quiet_thread_timeout_notice
+from seis.sandbox import interrupt_on_exit_signal
 from seis.session.dispatch import Heartbeat, SessionReply, SessionRequest, WorkerInfo, materialize, worker_store
 from seis.session.display import run_label, run_tags
 from seis.session.preflight import check_gate_memory
@@ -42,7 +43,8 @@ def seis_session(request: SessionRequest) -> dict:
     print(f"[{label}] on {worker.worker} (host {worker.host}, device {worker.device or 'not pinned'}, "
           f"store {store_root})")
     reply = SessionReply(chain=request.chain, session=request.session, worker=worker)
-    with Heartbeat(session_dir, flow_run.id):  # the orchestrator's sign that this worker is still there
+    # Heartbeat: the orchestrator's sign that this worker is still there; a cancellation kills the gate's engines now
+    with Heartbeat(session_dir, flow_run.id), interrupt_on_exit_signal():
         return _run_session(request, label, store_root, worker, session_dir, reply)
 
 

@@ -11,8 +11,9 @@ names, a private RAM-backed /tmp, an allow-listed environment and per-process li
 from .bwrap import INSTALL_HINT, SandboxUnavailable, bwrap_version
 from .gpus import sandbox_gpus
 from .policy import OFFLINE_ENV, Bind, Limits, SandboxPolicy, allowed_env
-from .process import SandboxError, SandboxedProcess, frozen, interrupt, interrupted, kill_all
+from .process import (SandboxError, SandboxedProcess, frozen, interrupt, interrupt_on_exit_signal, interrupted,
+                      kill_all)
 
 __all__ = ["INSTALL_HINT", "OFFLINE_ENV", "Bind", "Limits", "SandboxError", "SandboxPolicy", "SandboxUnavailable",
            "SandboxedProcess", "allowed_env", "bwrap_version", "frozen", "interrupt",
-           "interrupted", "kill_all", "sandbox_gpus"]
+           "interrupt_on_exit_signal", "interrupted", "kill_all", "sandbox_gpus"]

@@ -287,6 +287,20 @@ def interrupted() -> bool:
     return _INTERRUPTED.is_set()
 
 
+@contextmanager
+def interrupt_on_exit_signal() -> Iterator[None]:
+    """Around a flow's body in the main thread: an interruption that reaches it (KeyboardInterrupt, Prefect's
+    TerminationSignal for SIGTERM or a cancellation) kills every sandbox at once. Prefect waits for the task
+    runner's threads before it runs the crash hooks, so without this a gate in flight would run to its end first."""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException:
+        interrupt()
+        raise
+
+
 def _chown_tree(root: Path, uid: int) -> None:
     os.chown(root, uid, uid)
     for dirpath, dirnames, filenames in os.walk(root):
