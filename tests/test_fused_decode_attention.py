@@ -1,6 +1,7 @@
 """The `fused-decode-attention` library entry on CPU: its one-launch split-KV kernel, run by Triton's interpreter,
 computes paged decode attention (checked against an fp32 softmax over each request's gathered pages), leaves its
-counters at zero after every launch, and agrees with E0's two-launch kernel.
+counters at zero after every launch, and agrees with E0's two-launch kernel, also for the rows of one request in a
+speculative verify step.
 
 The check runs in a child process (tests/interpreted.py).
 """
@@ -45,10 +46,13 @@ def reference(q, k, v, page_table, lens, page):
 
 g = torch.Generator().manual_seed(0)
 cases = 0
-# (batch, q heads, kv heads, head dim, page, context lengths, splits, block_n)
-for bs, hq, hk, d, page, lens, splits, block_n in [
-        (1, 16, 8, 128, 16, [100], 32, 32), (3, 4, 2, 64, 4, [1, 37, 130], 8, 32), (2, 6, 2, 32, 8, [5, 300], 16, 16),
-        (2, 3, 3, 16, 2, [9, 2], 2, 64), (2, 6, 2, 16, 4, [64, 65], 4, 16)]:
+# (batch, q heads, kv heads, head dim, page, context lengths, splits, block_n, rows of one request); the last two
+# are speculative verify steps: rows of one request (one page-table row) at consecutive lengths
+for bs, hq, hk, d, page, lens, splits, block_n, shared in [
+        (1, 16, 8, 128, 16, [100], 32, 32, False), (3, 4, 2, 64, 4, [1, 37, 130], 8, 32, False),
+        (2, 6, 2, 32, 8, [5, 300], 16, 16, False), (2, 3, 3, 16, 2, [9, 2], 2, 64, False),
+        (2, 6, 2, 16, 4, [64, 65], 4, 16, False), (8, 4, 2, 64, 16, list(range(93, 101)), 8, 16, True),
+        (3, 4, 2, 64, 4, [1, 2, 3], 8, 16, True)]:
     for dtype in (torch.float32, torch.bfloat16):
         slots = 4096
         k = torch.randn(slots, hk, d, generator=g).to(dtype)
@@ -56,6 +60,8 @@ for bs, hq, hk, d, page, lens, splits, block_n in [
         q = torch.randn(bs, hq, d, generator=g).to(dtype)
         width = max(lens) // page + 2
         pt = torch.randperm(slots // page - 1, generator=g)[: bs * width].view(bs, width).to(torch.int32) + 1
+        if shared:
+            pt = pt[:1].expand(bs, width).contiguous()
         seq = torch.tensor(lens, dtype=torch.int32)
         want = reference(q, k, v, pt, lens, page)
         counters = torch.zeros(bs * hk + 3, dtype=torch.int32)
@@ -78,4 +84,4 @@ print(f"cases {cases}")
 def test_one_launch_decode_attention_matches_reference(tmp_path):
     t = next(t for t in load_library() if t.name == "fused-decode-attention")
     candidate = build_candidate(tmp_path / "candidate", [t])
-    assert "cases 10" in run_interpreted(CHECK, candidate, tmp_path)
+    assert "cases 14" in run_interpreted(CHECK, candidate, tmp_path)
