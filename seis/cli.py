@@ -130,6 +130,8 @@ def post_validate(
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Engine option (default 32)."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Engine context (default: the model's)."),
     cpu_threads: Optional[int] = typer.Option(None, "--cpu-threads", help="Threads per engine process on a CPU."),
+    speculation: bool = typer.Option(True, "--speculation/--no-speculation",
+                                     help="Engines that draft and verify tokens may (default) or may not."),
     bandwidth_gbs: Optional[float] = typer.Option(None, "--bandwidth-gbs", help="Device GB/s (default: measured)."),
     dev_speedup: Optional[float] = typer.Option(None, "--dev-speedup", help="The gate's dev speedup, shown alongside."),
     prepared_dir: Optional[Path] = typer.Option(None, "--prepared-dir", help="Workloads (default data/prepared)."),
@@ -149,7 +151,7 @@ def post_validate(
               "gsm8k_items": gsm8k_items, "retrieval_items": retrieval_items, "speed_requests": speed_requests,
               "fixed_single_requests": fixed_single_requests, "dev_requests": dev_requests, "heldout": heldout, "reps": reps,
               "max_batch_size": max_batch_size, "max_seq_len": max_seq_len, "cpu_threads": cpu_threads,
-              "bandwidth_gbs": bandwidth_gbs, "reported_dev_speedup": dev_speedup, "prepared_dir": prepared_dir,
+              "speculation": speculation, "bandwidth_gbs": bandwidth_gbs, "reported_dev_speedup": dev_speedup, "prepared_dir": prepared_dir,
               "quick": quick}
     try:
         config = make_config(**{k: v for k, v in values.items() if v is not None})

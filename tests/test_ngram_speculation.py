@@ -58,9 +58,9 @@ def test_a_verify_step_keeps_the_greedy_tokens(candidate):
     assert accepted([], [5]) == [5]
 
 
-def _generate(engine_dir, requests, one_by_one: bool):
+def _generate(engine_dir, requests, one_by_one: bool, **options):
     prompts, sampling = zip(*requests)
-    with EngineProcess(engine_dir, resolve_model("tiny-qwen3"), OPTIONS, timeout_s=300,
+    with EngineProcess(engine_dir, resolve_model("tiny-qwen3"), {**OPTIONS, **options}, timeout_s=300,
                        env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}) as eng:
         eng.build()
         if one_by_one:
@@ -86,3 +86,12 @@ def test_greedy_generation_equals_e0_with_drafts_accepted(candidate):
         assert got == want
         assert stats["verify_steps"] > 0 and stats["accepted_draft_tokens"] > stats["verify_steps"]
         assert any(reason == "stop" for _, reason in got)
+
+
+def test_speculation_off_decodes_without_drafts(candidate):
+    requests = [(p + p, Sampling(max_new_tokens=30, ignore_eos=True)) for p in PROMPTS]  # repeats: drafts if on
+    want, _ = _generate(ENGINE_TEMPLATE, requests, True, speculation=False)  # E0 ignores the option
+    got, stats = _generate(candidate, requests, True, speculation=False)
+    assert got == want and stats["verify_steps"] == 0 and stats["draft_tokens"] == 0
+    _, on = _generate(candidate, requests, True)
+    assert on["verify_steps"] > 0

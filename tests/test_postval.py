@@ -330,6 +330,14 @@ def test_flagged_accuracy_shows_in_every_table(tiny_runs, tmp_path):
         assert pd.read_parquet(tmp_path / f"{name}.parquet")["accuracy_flag"].all()
 
 
+def test_speculation_off_reaches_the_engines_and_the_tables(tiny_runs):
+    r, _ = tiny_runs
+    assert r.config.engine_options()["speculation"] is True and "speculation off" not in speed_markdown(r)
+    off = r.model_copy(update={"config": r.config.model_copy(update={"speculation": False})})
+    assert off.config.engine_options()["speculation"] is False
+    assert speed_markdown(off).startswith("# Throughput vs vanilla E0, speculation off")
+
+
 def test_plot_chain_speedups_on_a_synthetic_summary(tmp_path):
     import pandas as pd
 

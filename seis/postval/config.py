@@ -53,6 +53,9 @@ class PostValConfig(BaseModel):
     # Intra-op threads of each engine process (OMP_NUM_THREADS). On a shared CPU, 1 keeps timings stable:
     # multi-threaded decode steps stall whenever another process holds one of the cores.
     cpu_threads: int | None = Field(None, ge=1)
+    # Off: an engine that speculates decodes without drafts (the contract's `speculation` option; others ignore it),
+    # so a run can report its speed with and without speculation.
+    speculation: bool = True
 
     # Sizes: 0 skips that measurement.
     gsm8k_items: int = Field(660, ge=0)
@@ -116,7 +119,7 @@ class PostValConfig(BaseModel):
 
     def engine_options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"device": self.device, "dtype": self.dtype, "max_batch_size": self.max_batch_size,
-                                "use_cuda_graphs": True, "seed": 0}
+                                "use_cuda_graphs": True, "seed": 0, "speculation": self.speculation}
         if self.max_seq_len is not None:
             opts["max_seq_len"] = self.max_seq_len
         return opts
