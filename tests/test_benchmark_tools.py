@@ -1,8 +1,12 @@
 """The benchmark tools' own logic, on CPU: which engines a ladder run times (and its refusal of bad --engine
-values before anything starts), and how the kernel profile turns kernel intervals into GPU busy and idle time."""
+values before anything starts), a whole small ladder run with its engines' counters, and how the kernel profile
+turns kernel intervals into GPU busy and idle time."""
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -17,6 +21,23 @@ def test_ladder_times_extra_engine_trees_under_their_labels(tmp_path):
                          extra=ladder._labelled_dirs([f"from a run={tree}"]))
     assert list(got) == ["E0", "E0 + greedy-multistep-decode", "from a run"]
     assert got["from a run"] == (tree, {})
+
+
+def test_a_ladder_run_reports_each_engines_counters_and_how_drafts_fared(tmp_path):
+    out = tmp_path / "ladder.json"
+    done = subprocess.run([sys.executable, "-m", "seis.benchmarks.ladder", "--model", "tiny-qwen3", "--order",
+                           "greedy-multistep-decode,ngram-speculation", "--new-tokens", "48", "--prompt-len", "40",
+                           "--reps", "3", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    spec = "E0 + greedy-multistep-decode + ngram-speculation"
+    assert list(result["engines"]) == ["E0", "E0 + greedy-multistep-decode", spec]
+    assert all(a == 48 for a in result["greedy_prefix_equal_to_e0"][spec])        # lossless
+    stats = result["engines"][spec]["stats"]
+    assert stats["verify_steps"] > 0 and stats["generated_tokens"] == 4 * 48       # warm-up + 3 repetitions
+    assert "verify_steps" not in result["engines"]["E0"]["stats"]
+    line = next(x for x in done.stdout.splitlines() if spec in x)
+    assert f"drafts: {stats['accepted_draft_tokens']}/{stats['draft_tokens']} tokens accepted" in line
 
 
 @pytest.mark.parametrize("value, message", [

@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
                     tokens[name].append(out)
                     if rep:  # the first prompt warms every engine up
                         times[name].append(args.new_tokens / dt)
+            for name, eng in engines.items():  # counters over every prompt (drafts accepted, graph replays, ...)
+                info[name]["stats"] = eng.stats()
         finally:
             for eng in engines.values():
                 eng.close()
@@ -140,10 +142,19 @@ def main(argv: list[str] | None = None) -> dict:
           f"median (min–max) of {args.reps}, commit {result['commit']}:")
     for n, s in result["tok_per_s"].items():
         print(f"  {n:60s} {fmt_range(s)} tok/s  x{result['speedup_vs_e0'][n]['median']:.2f}  "
-              f"same-as-E0 prefix {min(agreement[n])}/{args.new_tokens}")
+              f"same-as-E0 prefix {min(agreement[n])}/{args.new_tokens}{_drafts(info[n]['stats'])}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result
+
+
+def _drafts(stats: dict) -> str:
+    """How a speculating engine's drafts fared (its counters), or nothing for one that does not draft."""
+    steps = stats.get("verify_steps")
+    if not steps:
+        return ""
+    return (f"  drafts: {stats['accepted_draft_tokens']}/{stats['draft_tokens']} tokens accepted, "
+            f"{1 + stats['accepted_draft_tokens'] / steps:.2f} tokens per verify step")
 
 
 if __name__ == "__main__":
