@@ -275,6 +275,8 @@ def _prefect_api(run_dir: Path) -> None:
         _fail(str(e), code=1)
     atexit.register(server.stop)  # registered before Prefect's own handlers, so it runs after them
     os.environ["PREFECT_API_URL"], os.environ["PREFECT_HOME"] = server.url, str(home)
+    from tasks.gpu import OWN_SERVER_ENV
+    os.environ[OWN_SERVER_ENV] = server.url  # the GPU slot's leases belong to this run's database, not to a port
 
 
 def _stop_engines_on_interrupt() -> dict:

@@ -7,6 +7,7 @@ instead of blocking every later gate until the lease expires."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,10 +35,19 @@ def registry() -> Registry:
     return Registry(Path(PREFECT_HOME.value()) / "seis")
 
 
+OWN_SERVER_ENV = "SEIS_OWN_PREFECT_SERVER"  # set by `seis evolve` to the URL of the server it started for the run
+
+
 def api_key() -> str:
-    """Which server a lease belongs to (an ephemeral server is its database's home)."""
+    """Which server a lease belongs to. An ephemeral server, and the server a run starts for itself, are their
+    database's home: the run's own server gets a new port at every start (a resume), the same database."""
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME
-    return PREFECT_API_URL.value() or f"ephemeral:{PREFECT_HOME.value()}"
+    url = PREFECT_API_URL.value()
+    if not url:
+        return f"ephemeral:{PREFECT_HOME.value()}"
+    if os.environ.get(OWN_SERVER_ENV) == url:
+        return f"own:{PREFECT_HOME.value()}"
+    return url
 
 
 def ensure_gpu_limit(slots: int = 1, name: str = GPU_LIMIT) -> None:
@@ -59,9 +69,10 @@ def ensure_gpu_limit(slots: int = 1, name: str = GPU_LIMIT) -> None:
             except Exception:  # created meanwhile by another worker or run
                 client.read_global_concurrency_limit_by_name(name)
             return
-        if limit.active_slots and api_key().startswith("ephemeral:") and \
+        if limit.active_slots and api_key().startswith(("ephemeral:", "own:")) and \
                 not any(lease.alive for lease in registry().leases(api_key())):
-            # This run's own database, its earlier server gone with its in-memory leases: nobody holds a slot.
+            # This run's own database, its earlier server gone with its in-memory leases (or killed between the
+            # grant and the registry's record of it): nobody holds a slot.
             client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=0))
 
 

@@ -175,6 +175,22 @@ def test_the_gpu_slot_is_released_when_its_holder_crashes_or_is_killed(harness, 
     assert _active_slots() == 0 and time.monotonic() - t0 < 10 and not registry().leases()
 
 
+def test_a_runs_own_server_is_known_by_its_database_not_its_port(monkeypatch, tmp_path):
+    """A resumed run starts its own server again on another port: the killed attempt's GPU lease, recorded under
+    the first port, must still be found as that database's (else its slot stays taken until the lease expires)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from tasks.gpu import OWN_SERVER_ENV, api_key
+    first, second = "http://127.0.0.1:5001/api", "http://127.0.0.1:6002/api"
+    with temporary_settings({PREFECT_API_URL: first, PREFECT_HOME: str(tmp_path)}):
+        assert api_key() == first                                  # a shared server: its URL
+        monkeypatch.setenv(OWN_SERVER_ENV, first)
+        killed = api_key()
+    with temporary_settings({PREFECT_API_URL: second, PREFECT_HOME: str(tmp_path)}):
+        monkeypatch.setenv(OWN_SERVER_ENV, second)
+        assert api_key() == killed == f"own:{tmp_path}"
+
+
 # ---- one tree hash -------------------------------------------------------------------------------------------------
 def test_workspace_store_and_evaluator_hash_a_workspace_alike(tmp_path):
     from seis.evaluator.snapshot import snapshot, tree_sha256
