@@ -180,7 +180,8 @@ def test_shell_has_no_network_no_keys_and_sees_only_the_workspace(tmp_path, monk
     monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
     hidden = tmp_path / "heldout"
     hidden.mkdir()
-    (hidden / "answers.txt").write_text("42")
+    secret = "held-out answer 6cf1e09b"  # a string no temporary path can contain by chance
+    (hidden / "answers.txt").write_text(secret)
     ws = _ws(tmp_path)
     with FakeAPI("openai", []) as api:  # something listening on the host's 127.0.0.1
         box = Toolbox(ws.root, sandbox=AgentSandbox())
@@ -190,7 +191,8 @@ def test_shell_has_no_network_no_keys_and_sees_only_the_workspace(tmp_path, monk
         assert api.requests == []
     out = box.call("run_shell", {"command": "env; echo HOME=$HOME"}).text
     assert FAKE_KEY not in out and "OPENAI_API_KEY" not in out and str(ws.root) not in out.split("HOME=")[-1]
-    assert "42" not in box.call("run_shell", {"command": f"cat {hidden}/answers.txt"}).text
+    denied = box.call("run_shell", {"command": f"cat {hidden}/answers.txt"}).text
+    assert secret not in denied and "No such file" in denied
     assert "/workspace" in box.call("run_shell", {"command": "pwd"}).text
     slow = box.call("run_shell", {"command": "sleep 30", "timeout_s": 1})
     assert "timed out" in slow.text
