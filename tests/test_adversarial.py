@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,19 +166,33 @@ def _summary(gate: Gate) -> str:
     return f"verdict={r.verdict} failed={r.failed_checks} speed={rows} candidate_adv_stats={adv}"
 
 
-def assert_gains_nothing(gate: Gate) -> None:
+def _over_noise(gate: Gate) -> list[str]:
+    """The candidate speed rows of a passing gate whose ratio is above the noise bound."""
+    if gate.reference_failure is not None or gate.result.verdict == "fail":
+        return []
+    return [f"{row.workload}: {row.vs_vanilla:.2f}x" for row in gate.result.speed.rows
+            if row.engine == "candidate" and row.vs_vanilla > MAX_HONEST_SPEEDUP]
+
+
+def assert_gains_nothing(gate: Gate, again: Callable[[], Gate] | None = None) -> None:
     """Secure: the candidate is rejected, or the gate stops because its reference broke (it noticed), or every
-    candidate speed row has a measured speedup within noise of 1.0 (a pass without a ratio is not secure)."""
-    if gate.reference_failure is not None:
+    candidate speed row has a measured speedup within noise of 1.0 (a pass without a ratio is not secure).
+
+    A ratio above the bound is measured once more by `again` (a fresh gate of the same candidate): tiny-model CPU
+    timings have rare outliers (1.32x between identical engines on a slow CI machine), while an attack gains on
+    every run, so the candidate gained something only if both gates say so."""
+    if gate.reference_failure is not None or gate.result.verdict == "fail":
         return
-    r = gate.result
-    if r.verdict == "fail":
-        return
-    rows = [row for row in (r.speed.rows if r.speed else []) if row.engine == "candidate"]
+    rows = [row for row in (gate.result.speed.rows if gate.result.speed else []) if row.engine == "candidate"]
     assert rows, f"passed without a speed measurement: {_summary(gate)}"
     for row in rows:
         assert row.vs_vanilla is not None, f"passed without a ratio on {row.workload}: {_summary(gate)}"
-        assert row.vs_vanilla <= MAX_HONEST_SPEEDUP, f"{row.workload}: {row.vs_vanilla:.2f}x: {_summary(gate)}"
+    over = _over_noise(gate)
+    if over and again is not None:
+        second = again()
+        assert_gains_nothing(second)
+        return
+    assert not over, f"{over}: {_summary(gate)}"
 
 
 # --- the control: an honest engine passes this very harness -----------------------------------------------------
@@ -197,7 +212,8 @@ SPEED_ATTACKS = [n for n, c in CANDIDATES.items() if c.kind == "speed"]
 
 @pytest.mark.parametrize("name", SPEED_ATTACKS)
 def test_speed_attack_gains_nothing(name: str, arena: Arena, tmp_path: Path) -> None:
-    assert_gains_nothing(_gate_in_process(arena, name, tmp_path))
+    assert_gains_nothing(_gate_in_process(arena, name, tmp_path),
+                         again=lambda: _gate_in_process(arena, name, tmp_path / "again"))
 
 
 # --- contract breaches the speed workloads cannot show ---------------------------------------------------------
@@ -257,7 +273,8 @@ def test_tamper_siblings_changes_nothing_outside_its_tree(arena: Arena, tmp_path
     # Files that changed without the candidate's marker are other people's edits of the checkout, not damage.
     assert not damaged, f"the candidate wrote to files outside its tree (blocks removed again): {damaged}"
     assert _tree_bytes(reference) == {p: b for p, b in before.items() if reference in p.parents}
-    assert_gains_nothing(gate)   # the gate's own copies of the other engines were not slowed either
+    assert_gains_nothing(gate, again=lambda: _gate_in_process(  # nor were the gate's own copies of the others slowed
+        arena, "tamper_siblings", tmp_path / "again", reference=copy_engine(tmp_path / "again-reference")))
 
 
 def _marked_processes() -> list[int]:
@@ -293,7 +310,7 @@ def test_outlive_and_rewrite_leaves_no_process_and_no_forged_result(arena: Arena
     assert not survivors, f"processes of the candidate outlived the gate: {survivors}"
     assert not forged, f"the result file was rewritten after the gate returned: {forged}"
     assert gate.result is not None, gate.reference_failure   # E0 apart from the daemon: must be judged
-    assert_gains_nothing(gate)
+    assert_gains_nothing(gate, again=lambda: _gate_in_process(arena, "outlive_and_rewrite", tmp_path / "again"))
 
 
 class _Listener:
@@ -364,4 +381,4 @@ def test_probe_and_leak_learns_and_leaks_nothing(arena: Arena, tmp_path: Path) -
     assert not found, f"held-out text reached the gate's result: {found[:1]}"
     assert not leaks, f"the candidate wrote files outside its tree: {leaks}"
     assert not listener.received, f"the candidate reached sockets of the gate's host: {listener.received[:2]}"
-    assert_gains_nothing(gate)
+    assert_gains_nothing(gate, again=lambda: _gate_in_process(arena, "probe_and_leak", tmp_path / "again"))
