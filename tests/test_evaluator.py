@@ -138,6 +138,35 @@ class _ScriptedEngine:
         return [GenerationOut(token_ids=[7] * 8, finish_reason="length")]
 
 
+def test_an_engine_that_resists_freezing_is_killed_and_fails() -> None:
+    """It could run beside the engine being timed: the candidate's is a recorded failure, the reference's stops
+    the gate."""
+    from seis.evaluator.engines import EngineHandle
+    from seis.evaluator.errors import ReferenceFailure
+    from seis.sandbox import SandboxError
+
+    class Box:
+        def freeze(self):
+            raise SandboxError("the sandbox's processes did not stay stopped for 5 s (2 kept running or were resumed)")
+
+    class Proc:
+        box, killed = Box(), False
+
+        def kill(self):
+            self.killed = True
+
+    for trusted in (False, True):
+        handle = EngineHandle.__new__(EngineHandle)
+        handle.role, handle.trusted, handle.failures, handle.proc = "candidate", trusted, [], Proc()
+        if trusted:
+            with pytest.raises(ReferenceFailure, match="did not stay stopped"):
+                handle.freeze()
+        else:
+            handle.freeze()
+            assert [f.op for f in handle.failures] == ["freeze"] and "did not stay stopped" in str(handle.failures[0])
+        assert handle.proc.killed
+
+
 def test_speed_interleaves_per_request_and_pairs_ratios() -> None:
     from seis.engine_host.client import Sampling
     from seis.evaluator.speed import measure_speed

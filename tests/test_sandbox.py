@@ -18,7 +18,7 @@ import pytest
 import seis.evaluator
 from seis.engine_host.policy import PROJECT_ROOT, engine_policy, forbidden_paths
 from seis.engine_import import ENGINE_TEMPLATE
-from seis.sandbox import Bind, Limits, SandboxedProcess, SandboxPolicy, allowed_env, frozen
+from seis.sandbox import Bind, Limits, SandboxedProcess, SandboxError, SandboxPolicy, allowed_env, frozen
 
 
 def run_probe(code: str, policy: SandboxPolicy | None = None, timeout: float = 60) -> dict:
@@ -248,6 +248,51 @@ def test_engine_sees_its_tree_and_model_read_only(tmp_path: Path) -> None:
         print(json.dumps(out))
     """, policy)
     assert seen == {"engine": True, "model": True, "worker": ["engine_import.py", "worker.py"], "model_write": False}
+
+
+def _states(box: SandboxedProcess) -> set[str]:
+    return {open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] for p in box.members()}
+
+
+def test_processes_that_resume_each_other_stay_frozen() -> None:
+    """Processes of a sandbox that SIGCONT each other without pause: one not yet stopped resumes one that is, so
+    stopping each of them once left one in five freezes with a process running while another engine was timed."""
+    code = textwrap.dedent("""
+        import os, signal
+        known = [os.getpid()]      # each process resumes all it knows: its parent and older siblings; the parent all
+        for _ in range(3):
+            child = os.fork()
+            if child == 0:
+                break
+            known.append(child)
+        else:
+            print("ready", flush=True)
+        me = os.getpid()
+        while True:
+            for pid in known:
+                if pid != me:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+    """)
+    box = SandboxedProcess([sys.executable, "-c", code], SandboxPolicy(binds=(), env=allowed_env()))
+    box.start()
+    try:
+        assert box.proc.stdout.readline().strip() == b"ready"
+        for _ in range(20):
+            box.freeze()
+            assert _states(box) == {"T"}
+            time.sleep(0.05)   # nothing of it may have resumed meanwhile
+            assert _states(box) == {"T"}
+            box.thaw()
+            time.sleep(0.02)
+            assert _states(box) != {"T"}
+        # Given no time to win, the freeze says the sandbox resisted instead of returning with processes running.
+        with pytest.raises(SandboxError, match="did not stay stopped"):
+            box.freeze(timeout_s=0)
+    finally:
+        box.kill()
 
 
 def test_sandbox_kill_is_prompt_even_when_frozen() -> None:

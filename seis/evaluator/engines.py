@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, TypeAdapter, ValidationEr
 
 from ..engine_host import EngineError, EngineExited, EngineProcess, EngineTimeout
 from ..engine_host.client import Sampling
+from ..sandbox import SandboxError
 from .errors import HostFailure, ReferenceFailure
 from .isolation import Isolation
 
@@ -80,8 +81,16 @@ class EngineHandle:
         return self.proc.pids()
 
     def freeze(self) -> None:
-        if self.proc.box is not None:
+        """Stop the engine's sandbox while another engine is timed. One whose processes do not stay stopped (they
+        resume each other) could run beside the timed engine: it is killed, and fails (the reference's stops the
+        gate)."""
+        if self.proc.box is None:
+            return
+        try:
             self.proc.box.freeze()
+        except SandboxError as e:
+            self.proc.kill()
+            self._fail("freeze", str(e))
 
     def thaw(self) -> None:
         if self.proc.box is not None:

@@ -31,6 +31,9 @@ _LOCK_DIR = Path("/run/seis-sandbox-uids") if os.access("/run", os.W_OK) else Pa
 _STARTED: weakref.WeakSet = weakref.WeakSet()   # this process's sandboxes that have started and not been killed
 _STARTED_LOCK = threading.RLock()  # re-entrant: the Ctrl-C handler may run while its thread holds it
 _INTERRUPTED = threading.Event()                # set once: this process starts no sandbox any more
+# freeze(): an engine idle between requests stops within microseconds; one still not stopped after seconds resists
+FREEZE_TIMEOUT_S = 5.0
+_FREEZE_LOOK_S = 0.001   # between a round's SIGSTOPs and the looks that check them
 
 
 class SandboxError(RuntimeError):
@@ -204,23 +207,35 @@ class SandboxedProcess:
             except ProcessLookupError:
                 pass
 
-    def freeze(self, settle_s: float = 1.0) -> None:
-        """Stop every process of the sandbox (repeated until no new one appears: a fork may race the scan), and
-        return once each of them is stopped (SIGSTOP takes effect asynchronously) or settle_s has passed."""
-        seen: set[int] = set()
+    def freeze(self, timeout_s: float = FREEZE_TIMEOUT_S) -> None:
+        """Stop every process of the sandbox; return once none of them can run again.
+
+        SIGSTOP takes effect asynchronously, a fork may race the scan, and a member not yet stopped may SIGCONT
+        one that is (two processes doing that to each other survive one SIGSTOP each), so this repeats rounds:
+        stop every member not stopped, then look twice, a moment apart, sending nothing between. When both looks
+        find every member stopped, none was left running to resume another. Raises SandboxError if that does not
+        happen within timeout_s: an honest engine never resists, and one that does must not run beside a timed
+        engine."""
+        deadline = time.monotonic() + timeout_s
         while True:
-            now = set(self.members())
-            for pid in now - seen:
+            running = self._not_stopped()
+            if not running:
+                time.sleep(_FREEZE_LOOK_S)
+                running = self._not_stopped()
+                if not running:
+                    return
+            if time.monotonic() > deadline:
+                raise SandboxError(f"the sandbox's processes did not stay stopped for {timeout_s:g} s "
+                                   f"({len(running)} kept running or were resumed)")
+            for pid in running:
                 try:
                     os.kill(pid, signal.SIGSTOP)
                 except ProcessLookupError:
                     pass
-            if now <= seen:
-                break
-            seen |= now
-        deadline = time.monotonic() + settle_s
-        while any(_state(p) not in (b"T", b"t", None) for p in seen) and time.monotonic() < deadline:
-            time.sleep(0.0005)
+            time.sleep(_FREEZE_LOOK_S)
+
+    def _not_stopped(self) -> list[int]:
+        return [pid for pid in self.members() if _state(pid) not in (b"T", b"t", None)]
 
     def thaw(self) -> None:
         self._signal_all(signal.SIGCONT)

@@ -166,6 +166,10 @@ def make_hog_shared_cpu(dest: Path) -> Path:
     return overlay(copy_engine(dest), "hog_shared_cpu")
 
 
+def make_resist_freeze(dest: Path) -> Path:
+    return overlay(copy_engine(dest), "resist_freeze", first=True)
+
+
 def make_fast_when_long(dest: Path) -> Path:
     return overlay(layer_skip_switch(copy_engine(dest)), "fast_when_long")
 
@@ -219,6 +223,9 @@ CANDIDATES: dict[str, Candidate] = {c.name: c for c in [
               "SIGKILLs the gate's other engines when timing starts: no baseline, no ratio"),
     Candidate("hog_shared_cpu", make_hog_shared_cpu, "speed",
               "busy-spins on the others' pinned CPU (and renices them to 19) while they are timed"),
+    Candidate("resist_freeze", make_resist_freeze, "speed",
+              "forks helpers that SIGCONT each other and the engine without pause (one SIGSTOP each leaves some "
+              "running) and busy-spin on the shared CPU while the others are timed"),
     Candidate("fast_when_long", make_fast_when_long, "speed",
               "skips every other layer when max_new_tokens exceeds any multi-prompt call's"),
     Candidate("fast_when_call_gap", make_fast_when_call_gap, "speed",
