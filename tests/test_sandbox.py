@@ -295,6 +295,38 @@ def test_processes_that_resume_each_other_stay_frozen() -> None:
         box.kill()
 
 
+def test_a_process_whose_first_thread_ended_is_frozen_too() -> None:
+    """A thread group's first thread can end (SYS_exit) while the others run on: /proc then shows the process as a
+    zombie. Its running thread must still count as a member and be stopped."""
+    code = textwrap.dedent("""
+        import ctypes, threading, time
+        def spin():
+            while True:
+                pass
+        threading.Thread(target=spin).start()
+        print("ready", flush=True)
+        time.sleep(0.2)
+        ctypes.CDLL(None).syscall(60, 0)   # SYS_exit: the calling (first) thread only
+    """)
+    box = SandboxedProcess([sys.executable, "-c", code], SandboxPolicy(binds=(), env=allowed_env()))
+    box.start()
+    try:
+        assert box.proc.stdout.readline().strip() == b"ready"
+        time.sleep(0.5)
+        threads = {p: [open(f"/proc/{p}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                       for t in os.listdir(f"/proc/{p}/task")] for p in box.members()}
+        assert any("Z" in s and "R" in s for s in threads.values()), threads   # the spinning thread is found
+        box.freeze()
+        time.sleep(0.1)
+        for p in box.members():
+            states = {open(f"/proc/{p}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                      for t in os.listdir(f"/proc/{p}/task")}
+            assert states <= {"T", "Z"}, (p, states)
+    finally:
+        box.kill()
+    assert box.members() == []
+
+
 def test_sandbox_kill_is_prompt_even_when_frozen() -> None:
     box = SandboxedProcess(["sleep", "300"], SandboxPolicy(binds=(), env=allowed_env()))
     box.start()

@@ -46,19 +46,31 @@ def _processes() -> Iterator[int]:
             yield int(name)
 
 
-def _state(pid: int) -> bytes | None:
-    """The process's state letter (R, S, T, Z, ...), None once it is gone."""
+def _states(pid: int) -> list[bytes]:
+    """The state letters (R, S, T, Z, ...) of every thread of the process; empty once it is gone. Threads, not
+    just the process: a thread group whose first thread has ended shows Z for the process while its other
+    threads run on."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    states = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                states.append(f.read().rsplit(b")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            pass  # the thread ended meanwhile
+    return states
+
+
+_DEAD = (b"Z", b"X")
 
 
 def _alive(pid: int) -> bool:
-    """Zombies count as gone: they run nothing, and an orphaned sandbox init waits as a zombie until the host's
-    init reaps it."""
-    return _state(pid) not in (None, b"Z", b"X")
+    """A process with a thread that is not dead. Zombies count as gone: they run nothing, and an orphaned sandbox
+    init waits as a zombie until the host's init reaps it."""
+    return any(s not in _DEAD for s in _states(pid))
 
 
 def _pid_ns(pid: int) -> str | None:
@@ -235,7 +247,7 @@ class SandboxedProcess:
             time.sleep(_FREEZE_LOOK_S)
 
     def _not_stopped(self) -> list[int]:
-        return [pid for pid in self.members() if _state(pid) not in (b"T", b"t", None)]
+        return [pid for pid in self.members() if any(s not in (b"T", b"t", *_DEAD) for s in _states(pid))]
 
     def thaw(self) -> None:
         self._signal_all(signal.SIGCONT)
