@@ -108,6 +108,9 @@ def test_speed_is_interleaved_with_ratios(e0_gate: GateResult) -> None:
         assert rows["vanilla"].vs_vanilla is None and rows["parent"].vs_parent is None
     fixed = next(r for r in speed.rows if r.workload == "dev-fixed256@8" and r.engine == "candidate")
     assert fixed.tokens_per_pass == 8  # ignore_eos: exactly max_new_tokens for the one prompt
+    # every timed request began on an idle device (on CPU trivially); one that did not would fail the gate
+    idle = next(c for c in e0_gate.checks if c.name == "speed.gpu_idle")
+    assert idle.passed and idle.value == 0 == speed.gpu_never_idle and idle.upper == 0
 
 
 class _ScriptedEngine:
@@ -136,6 +139,24 @@ class _ScriptedEngine:
         self.log.append(self.name)
         time.sleep(self.seconds * (20 if self.calls == self.slow_call else 1))
         return [GenerationOut(token_ids=[7] * 8, finish_reason="length")]
+
+
+def test_a_gpu_that_never_goes_idle_is_counted(monkeypatch) -> None:
+    """Kernels a frozen engine left spinning outlast the idle wait: the request then starts on a busy GPU, and
+    that is counted (the gate fails the candidate on it: check speed.gpu_idle) instead of passing unnoticed."""
+    from seis.engine_host import gpu_idle
+    from seis.engine_host.gpu_idle import GpuIdle
+
+    monkeypatch.setattr(gpu_idle, "MAX_WAIT_S", 0.05)
+    probes = {"busy": True}
+    idle = GpuIdle("cpu")
+    idle._torch, idle._baseline = object(), 10e-6
+    idle._probe = lambda: 5e-3 if probes["busy"] else 10e-6   # a busy device time-slices: milliseconds
+    idle.wait()
+    assert (idle.waits, idle.never_idle) == (1, 1)
+    probes["busy"] = False
+    idle.wait()
+    assert (idle.waits, idle.never_idle) == (1, 1)   # idle at once: neither a wait nor unfair
 
 
 def test_an_engine_that_resists_freezing_is_killed_and_fails() -> None:

@@ -432,6 +432,34 @@ def test_the_other_engine_is_frozen_while_one_is_timed():
     assert not engines["vanilla"].box.frozen  # thawed on errors too
 
 
+def test_each_timed_pass_starts_on_an_idle_gpu():
+    """A frozen engine's queued kernels still run: every pass waits for the GPU first (after the other engine is
+    frozen), and passes that began on a GPU still busy after the wait's limit flag their row."""
+    from seis.engine_host.client import Sampling
+    from seis.postval.bandwidth import EnergyMeter
+
+    log: list = []
+
+    class Idle:
+        never_idle = 0
+
+        def wait(self):
+            log.append(("idle", engines["candidate"].box.frozen or engines["vanilla"].box.frozen))
+
+    engines = {"candidate": _Engine(log, "candidate"), "vanilla": _Engine(log, "vanilla")}
+    engines["candidate"].other, engines["vanilla"].other = engines["vanilla"], engines["candidate"]
+    measure_pair(engines, [[[1]], [[2]]], Sampling(max_new_tokens=4), "single", EnergyMeter("cpu"), Idle())
+    order = [e[0] for e in log if e[0] in ("idle", "generate")]
+    assert order == ["idle", "generate"] * 4 and all(e[1] for e in log if e[0] == "idle")  # waited while frozen
+
+
+def test_a_row_timed_on_a_busy_gpu_is_flagged(tiny_runs):
+    r, _ = tiny_runs
+    assert all(c.gpu_busy_passes == 0 for c in r.speed)   # CPU: nothing else can hold the device
+    busy = r.model_copy(update={"speed": [r.speed[0].model_copy(update={"gpu_busy_passes": 2})] + r.speed[1:]})
+    assert "⚠ not trustworthy: 2 passes began while the GPU still ran the other engine's work" in speed_markdown(busy)
+
+
 def _timing(outputs) -> Timing:
     return Timing(wall_s=1.0, latencies=[1.0], outputs=outputs, finish=["stop"] * len(outputs), energy_j=None,
                   tokens=sum(len(o or []) for o in outputs))

@@ -219,6 +219,10 @@ def run_gate(config: GateConfig) -> GateResult:
                 order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
                 speed, timed = measure_speed(order, wl.speed, config.speed, setup.device)
                 timings["speed"] = time.monotonic() - mark
+                checks.append(CheckResult.bounded(
+                    "speed.gpu_idle", float(speed.gpu_never_idle), upper=0.0,
+                    detail="timed requests that started while the GPU still ran other work (left by a frozen "
+                           "engine) after the idle wait's limit"))
                 mark = time.monotonic()
                 checks += timed_checks(ref, timed, calibration, config.thresholds.greedy_margin,
                                        config.thresholds.stop_margin, ref.build_info["eos_token_ids"], vocab,

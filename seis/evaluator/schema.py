@@ -133,6 +133,7 @@ class SpeedTable(_Model):
     prompt_nonce: str = ""         # in every timed prompt (unknowable to the engines in advance)
     gpu_idle_waits: int = 0        # timed requests that had to wait for the GPU to drain first
     gpu_idle_wait_s: float = 0.0
+    gpu_never_idle: int = 0        # timed requests started on a GPU still busy after the wait's limit (unfair)
 
 
 class GateResult(_Model):

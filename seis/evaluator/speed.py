@@ -21,7 +21,7 @@ from ..benchmarks.stats import summarize
 from ..engine_host.affinity import pinned_together
 from .config import SpeedConfig
 from .engines import EngineHandle, GenerationOut
-from .gpu_idle import GpuIdle
+from ..engine_host.gpu_idle import GpuIdle
 from .schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
 from .workloads import PromptSet, SpeedWorkload
 
@@ -81,7 +81,8 @@ def measure_speed(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorklo
         table, timed = _measure(engines, workloads, cfg, device, idle)
     return table.model_copy(update={"pinned_cpu": cpu, "prompt_nonce": workloads[0].nonce if workloads else "",
                                     "gpu_idle_waits": idle.waits,
-                                    "gpu_idle_wait_s": round(idle.waited_s, 3)}), timed
+                                    "gpu_idle_wait_s": round(idle.waited_s, 3),
+                                    "gpu_never_idle": idle.never_idle}), timed
 
 
 def _measure(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], cfg: SpeedConfig,

@@ -136,6 +136,7 @@ class SpeedComparison(_Model):
     prompt_ids: list[list[str]] = []  # per repetition: the timed prompts (item ids; held-out: rotation)
     distinct_prompts: bool = True  # no timed prompt of this row was seen before by its engine process
     timed: TimedCheck | None = None  # the candidate's timed outputs against vanilla's
+    gpu_busy_passes: int = 0  # timed passes that started on a GPU still running another engine's work (unfair)
 
     @property
     def timed_flagged(self) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine_host.affinity import pinned_together
+from ..engine_host.gpu_idle import GpuIdle
 from .accuracy import (
     Output,
     bucket_accuracy,
@@ -190,17 +191,19 @@ def measure(plan: Plan) -> PostValResult:
                              f"and built in {max(build_s.values()):.1f} s (candidate {build_s['candidate']:.1f} s, "
                              f"vanilla {build_s['vanilla']:.1f} s) on top of the accuracy phase's {acc:.1f} s")
             meter = EnergyMeter(device)
+            idle = GpuIdle(device)
             if sp.sets:
                 bandwidth, bound = _bandwidth(plan, built, device, notes)
                 with pinned_together([pid for n in ENGINES for pid in engines[n].pids()]) as cpu:
                     notes.append(f"timed engine processes shared CPU {cpu}" if cpu is not None else
                                  "engine processes could not be pinned to one CPU: timings more exposed to CPU "
                                  "placement")
-                    notes.append("while one engine was timed or warmed up, the other's whole sandbox was frozen")
+                    notes.append("while one engine was timed or warmed up, the other's whole sandbox was frozen (and on "
+                                 "a GPU, each timed pass started once the device was idle)")
                     for ts in sp.speed:
-                        speed.append(_time_set(engines, ts, meter, bound, Sampling, c))
+                        speed.append(_time_set(engines, ts, meter, idle, bound, Sampling, c))
                     for ts in sp.workloads:
-                        workloads.append(_time_set(engines, ts, meter, bound, Sampling, c))
+                        workloads.append(_time_set(engines, ts, meter, idle, bound, Sampling, c))
             finish(engines)
 
     # ---- 3. every engine process is gone: only now is anything assembled and written -------------------------
@@ -238,8 +241,8 @@ def _decoded(plan: Plan, engine, raw: Any, n: int) -> list[Output]:
     return decode_outputs(plan.tokenizer, raw)
 
 
-def _time_set(engines, ts: TimedSet, meter: EnergyMeter, bound: BoundFn | None, sampling_cls: type,
-              c: PostValConfig) -> SpeedComparison:
+def _time_set(engines, ts: TimedSet, meter: EnergyMeter, idle: GpuIdle, bound: BoundFn | None,
+              sampling_cls: type, c: PostValConfig) -> SpeedComparison:
     """Warm both engines up on the set's untimed prompts (one at a time), then its interleaved repetitions."""
     sampling = sampling_cls(max_new_tokens=ts.max_new_tokens, ignore_eos=ts.ignore_eos)
     warm = [list(p.tokens) for p in ts.warmup]
@@ -247,8 +250,11 @@ def _time_set(engines, ts: TimedSet, meter: EnergyMeter, bound: BoundFn | None, 
         with alone(engines, n):
             warm_up(engines[n], warm, sampling_cls)
     log.info("timing %s (%s), %d requests x %d reps", ts.workload, ts.mode, ts.requests, len(ts.reps))
-    timings = measure_pair(engines, [[list(p.tokens) for p in rep] for rep in ts.reps], sampling, ts.mode, meter)
-    return compare(ts, sampling, timings, bound, c.timed_min_identical, c.timed_length_tolerance)
+    busy_before = idle.never_idle
+    timings = measure_pair(engines, [[list(p.tokens) for p in rep] for rep in ts.reps], sampling, ts.mode, meter,
+                           idle)
+    return compare(ts, sampling, timings, bound, c.timed_min_identical, c.timed_length_tolerance).model_copy(
+        update={"gpu_busy_passes": idle.never_idle - busy_before})
 
 
 def _bandwidth(plan: Plan, built: dict, device: str, notes: list[str]) -> tuple[BandwidthInfo | None, BoundFn | None]:

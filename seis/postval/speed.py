@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..engine_host.gpu_idle import GpuIdle
 from .bandwidth import EnergyMeter, mean_decode_context
 from .result import (
     ENGINES,
@@ -128,14 +129,18 @@ def run_once(engine: EngineProcess, prompts: Sequence[Sequence[int]], sampling: 
 
 
 @contextmanager
-def alone(engines: Mapping[EngineName, EngineProcess], name: EngineName) -> Iterator[None]:
-    """Every other engine's sandbox frozen for the block (thawed afterwards, also on errors)."""
+def alone(engines: Mapping[EngineName, EngineProcess], name: EngineName, idle: GpuIdle | None = None
+          ) -> Iterator[None]:
+    """Every other engine's sandbox frozen for the block (thawed afterwards, also on errors); with `idle`, the
+    block starts once the GPU has finished what the others left queued."""
     others = [e for n, e in engines.items() if n != name and getattr(e, "box", None) is not None]
     frozen = []
     try:
         for e in others:
             e.box.freeze()
             frozen.append(e)
+        if idle is not None:
+            idle.wait()
         yield
     finally:
         for e in frozen:
@@ -143,13 +148,14 @@ def alone(engines: Mapping[EngineName, EngineProcess], name: EngineName) -> Iter
 
 
 def measure_pair(engines: Mapping[EngineName, EngineProcess], rep_prompts: Sequence[Sequence[Sequence[int]]],
-                 sampling: Sampling, mode: str, meter: EnergyMeter) -> dict[EngineName, list[Timing]]:
-    """Repetition r times rep_prompts[r] on both engines, one engine at a time (the other frozen)."""
+                 sampling: Sampling, mode: str, meter: EnergyMeter, idle: GpuIdle | None = None
+                 ) -> dict[EngineName, list[Timing]]:
+    """Repetition r times rep_prompts[r] on both engines, one engine at a time (the other frozen, the GPU idle)."""
     timings: dict[EngineName, list[Timing]] = {name: [] for name in ENGINES}
     for rep, prompts in enumerate(rep_prompts):
         order = ENGINES if rep % 2 == 0 else tuple(reversed(ENGINES))
         for name in order:
-            with alone(engines, name):
+            with alone(engines, name, idle):
                 timings[name].append(run_once(engines[name], prompts, sampling, mode, meter))
     return timings
 

@@ -168,6 +168,9 @@ def _speed_md_rows(comps: list[SpeedComparison]) -> list[list[str]]:
             flag.append(f"{FLAG} not trustworthy: " + "; ".join(t.reasons))
         if not c.distinct_prompts:
             flag.append(f"{FLAG} prompts repeat within the process")
+        if c.gpu_busy_passes:
+            flag.append(f"{FLAG} not trustworthy: {c.gpu_busy_passes} passes began while the GPU still ran the "
+                        f"other engine's work")
         requests = f"{c.requests}" if c.requests == c.requested or not c.requested else f"{c.requests} of {c.requested}"
         rows.append([c.workload, c.mode, requests, f"{c.prompt_len_mean:.0f}",
                      f"{v.output_lengths.mean:.0f} / {a.output_lengths.mean:.0f}", fmt_spread(v.tok_per_s),

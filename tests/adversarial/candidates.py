@@ -170,6 +170,10 @@ def make_resist_freeze(dest: Path) -> Path:
     return overlay(copy_engine(dest), "resist_freeze", first=True)
 
 
+def make_gpu_busy_after_reply(dest: Path) -> Path:
+    return overlay(copy_engine(dest), "gpu_busy_after_reply")
+
+
 def make_fast_when_long(dest: Path) -> Path:
     return overlay(layer_skip_switch(copy_engine(dest)), "fast_when_long")
 
@@ -226,6 +230,9 @@ CANDIDATES: dict[str, Candidate] = {c.name: c for c in [
     Candidate("resist_freeze", make_resist_freeze, "speed",
               "forks helpers that SIGCONT each other and the engine without pause (one SIGSTOP each leaves some "
               "running) and busy-spin on the shared CPU while the others are timed"),
+    Candidate("gpu_busy_after_reply", make_gpu_busy_after_reply, "speed",
+              "on CUDA leaves an 8 s spin kernel running after each of its replies, longer than the gate waits "
+              "for an idle GPU (on CPU: E0)"),
     Candidate("fast_when_long", make_fast_when_long, "speed",
               "skips every other layer when max_new_tokens exceeds any multi-prompt call's"),
     Candidate("fast_when_call_gap", make_fast_when_call_gap, "speed",

@@ -1,9 +1,11 @@
 """Wait until the GPU runs nothing before a timed request starts.
 
 Frozen engine processes stop issuing work, but kernels they queued before (or that one engine leaves running
-after its reply, to slow the next engine down) still occupy the GPU. The gate process holds a tiny CUDA context
-of its own and times a one-element kernel: while another context's kernels run, the device time-slices and the
-probe takes milliseconds instead of microseconds. Three fast probes in a row mean idle.
+after its reply, to slow the next engine down) still occupy the GPU. The timing process (the gate, post-validation)
+holds a tiny CUDA context of its own and times a one-element kernel: while another context's kernels run, the device time-slices and the
+probe takes milliseconds instead of microseconds. Three fast probes in a row mean idle. A GPU still busy after
+MAX_WAIT_S (kernels left spinning by a frozen engine) is counted: a request timed on it is not a fair measurement
+(the gate fails the candidate for it; post-validation flags the row).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class GpuIdle:
     def __init__(self, device: str):
         self.waits = 0             # requests that found the GPU busy
         self.waited_s = 0.0
+        self.never_idle = 0        # requests that started on a GPU still busy after MAX_WAIT_S
         self._torch = None
         if device == "cuda":
             import torch
@@ -32,7 +35,8 @@ class GpuIdle:
         return time.perf_counter() - t0
 
     def wait(self) -> None:
-        """Return once the GPU is idle (or after MAX_WAIT_S, so a stuck device cannot hang the gate)."""
+        """Return once the GPU is idle, or after MAX_WAIT_S (counted in never_idle), so that a device kept busy
+        cannot hang the gate."""
         if self._torch is None:
             return
         limit = max(PROBE_FLOOR_S, PROBE_FAST_FACTOR * self._baseline)
@@ -45,3 +49,5 @@ class GpuIdle:
         if busy:
             self.waits += 1
             self.waited_s += time.perf_counter() - t0
+        if fast < 3:
+            self.never_idle += 1
