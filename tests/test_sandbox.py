@@ -250,8 +250,15 @@ def test_engine_sees_its_tree_and_model_read_only(tmp_path: Path) -> None:
     assert seen == {"engine": True, "model": True, "worker": ["engine_import.py", "worker.py"], "model_write": False}
 
 
+def _thread_states(box: SandboxedProcess) -> dict[int, set[str]]:
+    """Per member of the sandbox, the states of all of its threads, read from /proc here (not by the code under
+    test)."""
+    return {p: {open(f"/proc/{p}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                for t in os.listdir(f"/proc/{p}/task")} for p in box.members()}
+
+
 def _states(box: SandboxedProcess) -> set[str]:
-    return {open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] for p in box.members()}
+    return set().union(*_thread_states(box).values())
 
 
 def test_processes_that_resume_each_other_stay_frozen() -> None:
@@ -313,15 +320,11 @@ def test_a_process_whose_first_thread_ended_is_frozen_too() -> None:
     try:
         assert box.proc.stdout.readline().strip() == b"ready"
         time.sleep(0.5)
-        threads = {p: [open(f"/proc/{p}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
-                       for t in os.listdir(f"/proc/{p}/task")] for p in box.members()}
-        assert any("Z" in s and "R" in s for s in threads.values()), threads   # the spinning thread is found
+        threads = _thread_states(box)
+        assert any({"Z", "R"} <= s for s in threads.values()), threads   # the spinning thread is found
         box.freeze()
         time.sleep(0.1)
-        for p in box.members():
-            states = {open(f"/proc/{p}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
-                      for t in os.listdir(f"/proc/{p}/task")}
-            assert states <= {"T", "Z"}, (p, states)
+        assert _states(box) <= {"T", "Z"}, _thread_states(box)
     finally:
         box.kill()
     assert box.members() == []
