@@ -23,8 +23,9 @@ def release_run(flow, flow_run, state) -> None:
             logger = flow_run_logger(flow_run, flow)
         except Exception:
             pass
-    from seis.sandbox import kill_all
+    from seis.sandbox import kill_all, sweep_leftovers
     engines = kill_all()  # in the flow-run process: its gates' engines end now (elsewhere there are none)
+    orphans = sweep_leftovers()  # after a killed flow-run process: what its sandboxes left behind
     released = release_flow_run(str(flow_run.id), logger)
     ended = _end_task_runs(flow_run, state, logger)
     reg = registry()
@@ -40,7 +41,8 @@ def release_run(flow, flow_run, state) -> None:
                          .strip())
         reg.drop_run(str(flow_run.id))
     logger.info("run cleanup after %s: %d GPU slot lease(s) released, %d unfinished task run(s) ended, %d "
-                "sandbox(es) killed, scratch removed", state.type.value.lower(), released, ended, engines)
+                "sandbox(es) and %d orphaned sandbox process(es) killed, scratch removed", state.type.value.lower(),
+                released, ended, engines, orphans)
 
 
 def _end_task_runs(flow_run, state, logger) -> int:

@@ -41,6 +41,8 @@ def bwrap_version() -> str:
         raise SandboxUnavailable(f"no `bwrap` on PATH: {INSTALL_HINT}")
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         raise SandboxUnavailable("no `setpriv` on PATH (util-linux): needed to drop root inside the sandbox")
+    if shutil.which("prlimit") is None:
+        raise SandboxUnavailable("no `prlimit` on PATH (util-linux): needed to set the sandbox's limits")
     probe = [exe, *namespace_args(root=os.geteuid() == 0), *system_args(), "--proc", "/proc", "--dev", "/dev",
              "--", *user_switch(61999), "/bin/true"]
     try:

@@ -104,7 +104,7 @@ class _UidLease:
                 os.close(fd)
                 continue
             self.uid, self._fd = uid, fd
-            _kill_uid(uid)  # leftovers of a sandbox whose owner was killed before it could clean up
+            _kill_leftovers(uid)  # of a sandbox whose owner was killed before it could clean up
             return
         raise SandboxError(f"all {UID_COUNT} sandbox uids are in use")
 
@@ -112,33 +112,82 @@ class _UidLease:
         os.close(self._fd)
 
 
-def _uid_processes(uid: int) -> list[int]:
-    return [pid for pid in _processes() if _uid_of(pid) == uid and _alive(pid)]
+def _sandbox_uid(pid: int) -> int | None:
+    """The sandbox uid a process belongs to: its own uid if it is one, else the uid a bwrap command switches to
+    (the launcher and the namespace's init of that sandbox run as root)."""
+    uid = _uid_of(pid)
+    if uid is not None and UID_BASE <= uid < UID_BASE + UID_COUNT:
+        return uid
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    if os.path.basename(argv[0]) != b"bwrap":
+        return None
+    for arg in argv:
+        if arg.startswith(b"--reuid="):
+            return int(arg[len(b"--reuid="):])
+    return None
 
 
-def _kill_uid(uid: int) -> None:
-    for pid in _uid_processes(uid):
+def _leftovers(uid: int) -> list[int]:
+    """What is left of the sandbox of `uid`. The root-owned bwrap processes count too: when the owner dies while
+    bwrap starts, a launcher killed before it lets its child go on leaves that child (the namespace's init, not yet
+    bound to its parent's life) waiting for ever."""
+    return [pid for pid in _processes() if _sandbox_uid(pid) == uid and _alive(pid)]
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
 
-def _limit_setter(policy: SandboxPolicy):
-    lim = policy.limits
-    wanted = [(resource.RLIMIT_NPROC, lim.max_processes), (resource.RLIMIT_FSIZE, lim.max_file_bytes),
-              (resource.RLIMIT_NOFILE, lim.open_files), (resource.RLIMIT_CORE, 0)]
-    if lim.memory_bytes is not None:
-        wanted.append((resource.RLIMIT_AS, lim.memory_bytes))
-    items = []
-    for which, value in wanted:  # never above the current hard limit
-        hard = resource.getrlimit(which)[1]
-        items.append((which, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+def _kill_leftovers(uid: int) -> None:
+    _kill(_leftovers(uid))
 
-    def apply() -> None:  # between fork and exec: setrlimit only
-        for which, value in items:
-            resource.setrlimit(which, (value, value))
-    return apply
+
+def sweep_leftovers() -> int:
+    """Kill what is left of every sandbox whose owner is gone (its uid lease is free); returns how many processes.
+    For a run's cleanup after its process was killed: nothing else would end them before the uid is leased again."""
+    if not _LOCK_DIR.is_dir():
+        return 0
+    held: dict[int, int] = {}  # the free leases, held while their leftovers are killed
+    try:
+        for path in _LOCK_DIR.iterdir():
+            if not path.name.isdigit():
+                continue
+            fd = os.open(path, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held[int(path.name)] = fd
+            except BlockingIOError:
+                os.close(fd)  # a live sandbox's
+        left = [pid for pid in _processes() if _sandbox_uid(pid) in held and _alive(pid)]
+        _kill(left)
+        return len(left)
+    finally:
+        for fd in held.values():
+            os.close(fd)
+
+
+def _limit_args(policy: SandboxPolicy) -> list[str]:
+    """`prlimit` in front of bwrap, so the limits hold for everything started inside. Not a preexec_fn: Python
+    code between fork and exec can deadlock in a process with threads, and gates start engines from threads."""
+    lim = policy.limits
+    wanted = [("nproc", resource.RLIMIT_NPROC, lim.max_processes), ("fsize", resource.RLIMIT_FSIZE,
+              lim.max_file_bytes), ("nofile", resource.RLIMIT_NOFILE, lim.open_files), ("core", resource.RLIMIT_CORE, 0)]
+    if lim.memory_bytes is not None:
+        wanted.append(("as", resource.RLIMIT_AS, lim.memory_bytes))
+    args = ["prlimit"]
+    for name, which, value in wanted:  # never above the current hard limit
+        hard = resource.getrlimit(which)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        args.append(f"--{name}={value}:{value}")
+    return [*args, "--"]
 
 
 class SandboxedProcess:
@@ -178,31 +227,30 @@ class SandboxedProcess:
         read_fd, write_fd = os.pipe()
         try:
             cmd = bwrap.command(policy, self.argv, self.uid, write_fd, self.forbidden)
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen([*_limit_args(policy), *cmd], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE,
                                          stderr=self.stderr if self.stderr is not None else subprocess.DEVNULL,
                                          pass_fds=(write_fd,), start_new_session=True,
                                          # bwrap's own init (pid 1 inside) keeps the environment it started
                                          # with: give it nothing of ours (no keys in /proc/1/environ)
-                                         env={"PATH": os.environ.get("PATH") or SAFE_PATH},
-                                         preexec_fn=_limit_setter(policy))
+                                         env={"PATH": os.environ.get("PATH") or SAFE_PATH})
         except BaseException:
             os.close(read_fd)
             self._release()
             raise
         finally:
             os.close(write_fd)
+        with _STARTED_LOCK:  # from here on, an interrupt's kill_all() ends it even while it is still starting
+            _STARTED.add(self)
         with os.fdopen(read_fd, "rb") as info:
             raw = info.read()  # bwrap writes {"child-pid": N} once the namespaces exist, then closes it
         try:
             self.init_pid = int(json.loads(raw)["child-pid"])
             self._ns = _pid_ns(self.init_pid)
         except (ValueError, KeyError, TypeError):
-            self.proc.wait()
-            self._release()
+            self.kill()  # whatever bwrap got to start before it failed (or was killed)
             raise SandboxError(f"the sandbox did not start (bwrap exit {self.proc.returncode}); "
                                f"see the process's stderr") from None
-        with _STARTED_LOCK:
-            _STARTED.add(self)
         return self.proc
 
     # --- the process tree ---------------------------------------------------------------------------------------
@@ -276,10 +324,10 @@ class SandboxedProcess:
         while (left := self.members()) and time.monotonic() < deadline:
             time.sleep(0.02)
         if self.uid is not None:
-            _kill_uid(self.uid)
-            while _uid_processes(self.uid) and time.monotonic() < deadline:
+            _kill_leftovers(self.uid)
+            while _leftovers(self.uid) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            left = left or _uid_processes(self.uid)
+            left = left or _leftovers(self.uid)
         self._release()
         if left:
             raise SandboxError(f"sandbox processes {left} survived SIGKILL for {timeout_s:.0f} s")
