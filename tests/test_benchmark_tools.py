@@ -66,7 +66,7 @@ def test_idle_gaps_name_the_kernels_around_them():
 
 
 def test_ladder_builds_an_entry_alone_after_its_prerequisites(tmp_path):
-    got = ladder.systems(["qkv-rope-epilogue"], True, [], tmp_path)
-    tree = got["E0 + qkv-rope-epilogue"][0]
+    got = ladder.systems(["gate-up-silu-epilogue"], True, [], tmp_path)
+    tree = got["E0 + gate-up-silu-epilogue"][0]
     assert (tree / "engine/kernels/triton_gemv.py").is_file()  # triton-gemv, a prerequisite, is in it
-    assert "norm_linear_qk_rope_store" in (tree / "engine/model.py").read_text()
+    assert "norm_linear_silu_mul" in (tree / "engine/model.py").read_text()

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 STACKS = {"alone": ["ngram-speculation"],
-          "on the kernel stack": ["triton-gemv", "fused-decode-attention", "fused-qk-rope-store", "qkv-rope-epilogue",
-                                  "ngram-speculation"]}
+          "on the kernel stack": ["triton-gemv", "fused-decode-attention", "fused-qk-rope-store",
+                                  "gate-up-silu-epilogue", "ngram-speculation"]}
 
 
 def _build(names, dest):

@@ -1,0 +1,72 @@
+"""The `gate-up-silu-epilogue` library entry on CPU, run by Triton's interpreter: the gate-up GEMV that returns
+silu(gate) * up gives exactly what triton-gemv's GEMV followed by SiLU-and-mul gives (the same rounding points, the
+same float32 accumulation per output), with the same new residual, and the down projection after it equals
+triton-gemv's SiLU-prologue GEMV. The entry is built on its prerequisite (its patch is against E0 with it applied).
+
+The check runs in a child process (tests/interpreted.py).
+"""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from interpreted import run_interpreted  # noqa: E402
+from seis.agents.offline.library import load_library  # noqa: E402
+from seis.agents.offline.merge import with_prerequisites  # noqa: E402
+from seis.agents.offline.verify import build_candidate  # noqa: E402
+
+CHECK = r'''
+import sys
+
+import torch
+
+from seis.engine_import import import_engine
+
+import_engine(sys.argv[1])
+from engine.kernels import torch_ops, triton_gemv, triton_ops  # the candidate's
+
+fused_calls = []
+fused = triton_gemv.norm_gemv_silu_mul
+triton_gemv.norm_gemv_silu_mul = lambda *a, **k: fused_calls.append(1) or fused(*a, **k)
+
+g = torch.Generator().manual_seed(0)
+eps, cases = 1e-6, 0
+# (hidden, intermediate): a tail chunk of K and an intermediate size that is not a multiple of the tile
+for hidden, inter in ((64, 96), (200, 37)):
+    for dtype in (torch.float32, torch.bfloat16):
+        for with_residual in (False, True):
+            for tokens in (1, 3, 8, 9):  # 9: above GEMV_MAX_TOKENS, E0's kernels
+                x = torch.randn(tokens, hidden, generator=g).to(dtype)
+                res = torch.randn(tokens, hidden, generator=g).to(dtype) if with_residual else None
+                nw = (torch.rand(hidden, generator=g) + 0.5).to(dtype)
+                gate_up = (torch.randn(2 * inter, hidden, generator=g) * 0.2).to(dtype)
+                down = (torch.randn(hidden, inter, generator=g) * 0.2).to(dtype)
+                # E0's add-RMSNorm above 8 tokens works in place: each path gets its own copies
+                fresh = lambda: (x.clone(), res.clone() if res is not None else None)
+                # what the candidate's prerequisite does: gate | up out of the GEMV, SiLU-and-mul in the down GEMV
+                y, want_res = triton_ops.norm_linear(*fresh(), nw, eps, gate_up)
+                want_act = triton_ops.silu_and_mul(y) if tokens > 8 else torch_ops.silu_and_mul(y)
+                want_out = triton_ops.silu_mul_linear(y, down)
+                act, got_res = triton_ops.norm_linear_silu_mul(*fresh(), nw, eps, gate_up)
+                out = triton_ops.linear(act, down)
+                # exact: the down projection's input is the value its SiLU prologue computed before
+                for name, a, b in (("residual", got_res, want_res), ("down output", out, want_out)):
+                    assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), \
+                        (hidden, inter, dtype, with_residual, tokens, name, (a.float() - b.float()).abs().max())
+                # torch's silu and x * sigmoid(x) may round silu(gate) one ulp apart, and the product after it
+                rtol = 1e-6 if dtype == torch.float32 else 2 ** -6
+                assert torch.allclose(act.float(), want_act.float(), rtol=rtol, atol=1e-6), (dtype, tokens)
+                cases += 1
+assert len(fused_calls) == 3 * cases // 4  # every case of up to 8 tokens took the fused GEMV
+print(f"cases {cases}")
+'''
+
+
+def test_gate_up_gemv_returns_the_activation_of_gemv_then_silu_and_mul(tmp_path):
+    library = {t.name: t for t in load_library()}
+    t = library["gate-up-silu-epilogue"]
+    assert t.prerequisites == ("triton-gemv",)
+    candidate = build_candidate(tmp_path / "candidate", with_prerequisites(t))
+    out = run_interpreted(CHECK, candidate, tmp_path, timeout_s=600)
+    assert "cases 32" in out
