@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -224,7 +225,7 @@ def test_an_owner_killed_while_its_sandboxes_start_leaves_nothing_after_the_swee
     """A run's process killed (SIGKILL) while bwrap starts can leave the sandbox's init waiting for ever for a
     launcher that is gone (seen in CI: a root bwrap with no parent and no child). The run's cleanup sweeps such
     leftovers; so does the next sandbox that leases the same uid."""
-    owner = textwrap.dedent(f"""
+    owner = textwrap.dedent("""
         import sys, threading, time
         from pathlib import Path
         from seis.sandbox import Bind, SandboxedProcess, SandboxPolicy, allowed_env
@@ -239,22 +240,32 @@ def test_an_owner_killed_while_its_sandboxes_start_leaves_nothing_after_the_swee
         time.sleep(60)
     """)
     from seis.sandbox import sweep_leftovers
-    rng = __import__("random").Random(7)
-    for attempt in range(40):  # a few per cent of kills land in bwrap's start-up window; stop at the first
-        marker = str(tmp_path / f"owner-{attempt}")
-        proc = subprocess.Popen([sys.executable, "-c", owner, marker])
-        time.sleep(rng.uniform(1.0, 2.5))
-        proc.kill()
-        proc.wait()
-        time.sleep(0.5)  # the launchers' die-with-parent
-        if left := _marked(marker):
-            break
-    assert left, "no kill left a sandbox process behind: the case under test did not happen"
-    assert sweep_leftovers() >= 1
-    deadline = time.monotonic() + 5
-    while _marked(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _marked(marker) == []
+    # a live sandbox is no leftover: the sweep must not touch it (started first, so its uid is not a leftover's)
+    live = SandboxedProcess(["/bin/sleep", "120"], SandboxPolicy(binds=(), env=allowed_env()))
+    live.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(members := live.members()) < 2 and time.monotonic() < deadline:  # bwrap's init and sleep
+            time.sleep(0.05)
+        rng = random.Random(7)
+        for attempt in range(40):  # a few per cent of kills land in bwrap's start-up window; stop at the first
+            marker = str(tmp_path / f"owner-{attempt}")
+            proc = subprocess.Popen([sys.executable, "-c", owner, marker])
+            time.sleep(rng.uniform(1.0, 2.5))
+            proc.kill()
+            proc.wait()
+            time.sleep(0.5)  # the launchers' die-with-parent
+            if left := _marked(marker):
+                break
+        assert left, "no kill left a sandbox process behind: the case under test did not happen"
+        assert sweep_leftovers() >= 1
+        deadline = time.monotonic() + 5
+        while _marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _marked(marker) == []
+        assert live.alive() and live.members() == members
+    finally:
+        live.kill()
 
 
 def test_limits_apply_inside() -> None:

@@ -104,7 +104,7 @@ class _UidLease:
                 os.close(fd)
                 continue
             self.uid, self._fd = uid, fd
-            _kill_leftovers(uid)  # of a sandbox whose owner was killed before it could clean up
+            _kill(_leftovers({uid}))  # of a sandbox whose owner was killed before it could clean up
             return
         raise SandboxError(f"all {UID_COUNT} sandbox uids are in use")
 
@@ -126,16 +126,16 @@ def _sandbox_uid(pid: int) -> int | None:
     if os.path.basename(argv[0]) != b"bwrap":
         return None
     for arg in argv:
-        if arg.startswith(b"--reuid="):
+        if arg.startswith(b"--reuid=") and arg[len(b"--reuid="):].isdigit():
             return int(arg[len(b"--reuid="):])
     return None
 
 
-def _leftovers(uid: int) -> list[int]:
-    """What is left of the sandbox of `uid`. The root-owned bwrap processes count too: when the owner dies while
+def _leftovers(uids: set[int]) -> list[int]:
+    """What is left of the sandboxes of `uids`. The root-owned bwrap processes count too: when the owner dies while
     bwrap starts, a launcher killed before it lets its child go on leaves that child (the namespace's init, not yet
     bound to its parent's life) waiting for ever."""
-    return [pid for pid in _processes() if _sandbox_uid(pid) == uid and _alive(pid)]
+    return [pid for pid in _processes() if _sandbox_uid(pid) in uids and _alive(pid)]
 
 
 def _kill(pids: list[int]) -> None:
@@ -144,10 +144,6 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _kill_leftovers(uid: int) -> None:
-    _kill(_leftovers(uid))
 
 
 def sweep_leftovers() -> int:
@@ -166,7 +162,7 @@ def sweep_leftovers() -> int:
                 held[int(path.name)] = fd
             except BlockingIOError:
                 os.close(fd)  # a live sandbox's
-        left = [pid for pid in _processes() if _sandbox_uid(pid) in held and _alive(pid)]
+        left = _leftovers(set(held))
         _kill(left)
         return len(left)
     finally:
@@ -324,10 +320,10 @@ class SandboxedProcess:
         while (left := self.members()) and time.monotonic() < deadline:
             time.sleep(0.02)
         if self.uid is not None:
-            _kill_leftovers(self.uid)
-            while _leftovers(self.uid) and time.monotonic() < deadline:
+            _kill(_leftovers({self.uid}))
+            while _leftovers({self.uid}) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            left = left or _leftovers(self.uid)
+            left = left or _leftovers({self.uid})
         self._release()
         if left:
             raise SandboxError(f"sandbox processes {left} survived SIGKILL for {timeout_s:.0f} s")
