@@ -301,13 +301,15 @@ def test_tables_figures_and_json_are_written(tiny_runs):
     assert back.accuracy == r.accuracy and back.speed == r.speed and set(back.files) >= {"speed.md", "postval.json"}
     speed = pd.read_parquet(out / "speed.parquet")
     want = {"vanilla_tok_s", "candidate_tok_s_min", "speedup", "speedup_max", "vanilla_bound_tok_s",
-            "timed_identical_frac", "timed_first_divergence", "timed_length_ratio", "timed_flag", "distinct_prompts"}
+            "timed_valid_frac", "timed_identical_frac", "timed_first_divergence", "timed_length_ratio", "timed_flag",
+            "distinct_prompts"}
     assert want <= set(speed.columns) and not speed["timed_flag"].any()
-    assert (speed["timed_identical_frac"] == 1.0).all()
+    assert (speed["timed_identical_frac"] == 1.0).all() and (speed["timed_valid_frac"] == 1.0).all()
     assert "Timed outputs checked against vanilla's" in (out / "speed.md").read_text()
     # DVC's metrics and plot files carry the same numbers
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["timed_flagged"] == 0 and metrics["timed"]["natural-16-single"]["identical_frac"] == 1.0
+    assert metrics["timed"]["natural-16-single"]["valid_frac"] == 1.0
     gsm = r.accuracy_of("gsm8k")
     assert metrics["gsm8k"]["delta_points"] == gsm.delta_points and metrics["gsm8k"]["items"] == gsm.items
     first = r.speed[0]
@@ -465,21 +467,59 @@ def _timing(outputs) -> Timing:
                   tokens=sum(len(o or []) for o in outputs))
 
 
-def test_timed_check_flags_outputs_unlike_vanillas():
+def test_timed_check_flags_tokens_vanilla_would_not_produce():
     van = [_timing([[1, 2, 3, 4], [5, 6, 7, 8]])]
-    same = timed_check([_timing([[1, 2, 3, 4], [5, 6, 7, 8]])], van, 4, natural=True)
-    assert (same.identical_frac, same.first_divergence_mean, same.length_ratio, same.flagged) == (1.0, 4.0, 1.0, False)
-    one = timed_check([_timing([[1, 2, 3, 4], [5, 9, 7, 8]])], van, 4, natural=True)  # half identical: at the line
-    assert (one.identical_frac, one.first_divergence_mean, one.flagged) == (0.5, 2.5, False)
-    junk = timed_check([_timing([[0, 0, 0, 0], [0, 0, 0, 0]])], van, 4, natural=False)
-    assert junk.flagged and junk.identical_frac == 0.0 and "identical" in junk.reasons[0]
-    short = timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=True, min_identical=0.0)
+    same = timed_check([_timing([[1, 2, 3, 4], [5, 6, 7, 8]])], van, 4, natural=True, scored=(8, 8))
+    assert (same.identical_frac, same.valid_frac, same.first_divergence_mean, same.length_ratio, same.flagged) == \
+        (1.0, 1.0, 4.0, 1.0, False)
+    # parted at a near-tie: not identical, every token still vanilla's choice up to the margin
+    tie = timed_check([_timing([[1, 2, 3, 4], [5, 9, 7, 8]])], van, 4, natural=True, scored=(8, 8))
+    assert (tie.identical_frac, tie.first_divergence_mean, tie.flagged) == (0.5, 2.5, False)
+    junk = timed_check([_timing([[0, 0, 0, 0], [0, 0, 0, 0]])], van, 4, natural=False, scored=(1, 8))
+    assert junk.flagged and junk.valid_frac == 0.125 and "top-1" in junk.reasons[0]
+    edge = timed_check([_timing([[0, 0, 0, 0], [0, 0, 0, 0]])], van, 4, natural=False, scored=(97, 100))
+    assert not edge.flagged and edge.identical_frac == 0.0  # at the line (0.97)
+    assert timed_check([_timing([[0, 0, 0, 0], [0, 0, 0, 0]])], van, 4, natural=False, scored=(96, 100)).flagged
+    short = timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=True, scored=(7, 7))
     assert short.flagged and short.length_ratio == 0.875 and "length" in short.reasons[0]
-    assert not timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=False, min_identical=0.0).flagged
-    assert not timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=True, min_identical=0.0,
+    assert not timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=False, scored=(7, 7)).flagged
+    assert not timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=True, scored=(7, 7),
                            length_tolerance=0.2).flagged
-    padded = timed_check([_timing([[1, 2, 3, 4, 0, 0], None])], van, 4, natural=False, min_identical=0.0)
+    padded = timed_check([_timing([[1, 2, 3, 4, 0, 0], None])], van, 4, natural=False, scored=(4, 4))
     assert padded.flagged and (padded.over_length, padded.missing) == (1, 1)
+
+
+class _Scorer:
+    """Vanilla's score call, scripted: forced token t gets log-prob -t/10 against a top-1 of 0; records calls."""
+    engine_dir = "vanilla"
+
+    def __init__(self, reply=None):
+        self.calls, self.reply = [], reply
+
+    def score(self, prompts, continuations, top_k):
+        self.calls.append((prompts, continuations, top_k))
+        if self.reply is not None:
+            return self.reply
+        return [{"token_logprobs": [-t / 10 for t in c], "top_logprobs": [[0.0]] * len(c)} for c in continuations]
+
+
+def test_reference_scoring_scores_what_differs_from_vanilla():
+    from seis.engine_host import EngineError
+    from seis.postval.speed import reference_scoring
+
+    van = [_timing([[1, 2, 3], [4, 5, 6], [1, 1], [2, 2]])]
+    cand = [_timing([[1, 2, 3], [1, 9, 2], [1, 99], [2, 2, 2, 2]])]
+    prompts = [[7], [8], [9], [10]]
+    scorer = _Scorer()
+    # request 0: vanilla's own output (3 valid, not scored); request 1: 1 and 2 within 0.3 nats, 9 is not; request 2:
+    # id 99 is outside the vocabulary (both tokens wrong, not scored); request 3: counted up to max_new_tokens 3
+    assert reference_scoring(scorer, prompts, cand, van, 3, 50, 100, margin=0.3) == (3 + 2 + 0 + 3, 3 + 3 + 2 + 3)
+    assert scorer.calls == [([[8], [10]], [[1, 9, 2], [2, 2, 2]], 1)]
+    assert reference_scoring(_Scorer(), prompts, cand, van, 3, 50, 3, margin=0.3) == (3, 11)  # past the context
+    with pytest.raises(EngineError, match="malformed score reply"):
+        reference_scoring(_Scorer([{"token_logprobs": [0.0]}] * 2), prompts, cand, van, 3, 50, 100, margin=0.3)
+    with pytest.raises(EngineError, match="with 1"):
+        reference_scoring(_Scorer([{}]), prompts, cand, van, 3, 50, 100, margin=0.3)
 
 
 def _speedups(r: PostValResult) -> list[float]:
@@ -499,7 +539,8 @@ def test_an_output_cache_gains_nothing(tmp_path, prepared_dir):
     timed_lengths = {str(c.max_new_tokens) for c in r.speed + r.workloads}
     assert not timed_lengths & set(hits), hits  # only the (untimed, 8-token) warm-ups repeat
     assert statistics.geometric_mean(_speedups(r)) < 1.5  # cached answers would be many times faster
-    assert not r.timed_flagged and all(c.timed.identical_frac == 1.0 for c in r.speed + r.workloads)
+    assert not r.timed_flagged and all(c.timed.identical_frac == 1.0 and c.timed.valid_frac == 1.0
+                                       for c in r.speed + r.workloads)
 
 
 def test_a_fast_broken_single_request_path_is_flagged(tmp_path, prepared_dir):
@@ -513,6 +554,7 @@ def test_a_fast_broken_single_request_path_is_flagged(tmp_path, prepared_dir):
     assert r.timed_flagged and any("not trustworthy" in f for f in r.flags)
     single = next(c for c in r.speed if (c.workload, c.mode) == ("fixed-16", "single"))
     assert single.timed.identical_frac < 0.5 and single.timed.first_divergence_mean < 16
+    assert single.timed.valid_frac < 0.97 and "top-1" in single.timed.reasons[0]
     out = Path(r.config.out_dir)
     assert "not trustworthy" in (out / "speed.md").read_text()
     import pandas as pd

@@ -17,7 +17,8 @@ def flat_metrics(result: PostValResult) -> dict:
     metrics["speedup"] = {f"{c.workload}-{c.mode}": round(c.speedup.median, 4)
                           for c in result.speed + result.workloads}
     # The candidate's timed outputs against vanilla's: a flagged row's speedup is not trustworthy.
-    metrics["timed"] = {f"{c.workload}-{c.mode}": {"identical_frac": round(c.timed.identical_frac, 4),
+    metrics["timed"] = {f"{c.workload}-{c.mode}": {"valid_frac": round(c.timed.valid_frac, 4),
+                                                   "identical_frac": round(c.timed.identical_frac, 4),
                                                    "length_ratio": round(c.timed.length_ratio, 4),
                                                    "flagged": int(c.timed.flagged)}
                         for c in result.speed + result.workloads if c.timed is not None}

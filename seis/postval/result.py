@@ -102,6 +102,7 @@ class TimedCheck(_Model):
     a speed figure is only as good as the outputs it was measured on."""
     requests: int  # timed requests compared (all repetitions)
     identical_frac: float  # candidate output token-identical to vanilla's
+    valid_frac: float  # candidate timed tokens that vanilla, teacher-forced, puts within the margin of its top-1
     first_divergence_mean: float  # mean index of the first differing token (a prefix: the shorter length)
     length_ratio: float  # summed candidate / vanilla output length (checked at natural length only)
     missing: int  # requests without exactly one well-formed reply

@@ -7,7 +7,8 @@ Every byte from an engine process is untrusted, so the engines run under the gat
 2. speed: fresh processes, built again (the extra build time is measured and noted), so no timed engine has
    seen the accuracy prompts; every repetition of every workload times prompts that process has not seen
    (plan.speed_plan), warm-up prompts are never timed, and while one engine is timed the other's sandbox is
-   frozen; repetitions interleave, and every timed output is compared with vanilla's (speed.timed_check);
+   frozen; repetitions interleave, and vanilla scores every token the candidate produced while timed
+   (speed.reference_scoring, speed.timed_check);
 3. results are assembled and written only after every engine process is closed (nothing of them left).
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ from .result import (
     PostValResult,
     SpeedComparison,
 )
-from .speed import BoundFn, alone, compare, measure_pair, warm_up
+from .speed import BoundFn, alone, compare, measure_pair, reference_scoring, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +202,11 @@ def measure(plan: Plan) -> PostValResult:
                     notes.append("while one engine was timed or warmed up, the other's whole sandbox was frozen (and on "
                                  "a GPU, each timed pass started once the device was idle)")
                     for ts in sp.speed:
-                        speed.append(_time_set(engines, ts, meter, idle, bound, Sampling, c))
+                        speed.append(_time_set(engines, ts, meter, idle, bound, Sampling, c,
+                                                plan.vocab_size, context))
                     for ts in sp.workloads:
-                        workloads.append(_time_set(engines, ts, meter, idle, bound, Sampling, c))
+                        workloads.append(_time_set(engines, ts, meter, idle, bound, Sampling, c,
+                                                plan.vocab_size, context))
             finish(engines)
 
     # ---- 3. every engine process is gone: only now is anything assembled and written -------------------------
@@ -242,8 +245,9 @@ def _decoded(plan: Plan, engine, raw: Any, n: int) -> list[Output]:
 
 
 def _time_set(engines, ts: TimedSet, meter: EnergyMeter, idle: GpuIdle, bound: BoundFn | None,
-              sampling_cls: type, c: PostValConfig) -> SpeedComparison:
-    """Warm both engines up on the set's untimed prompts (one at a time), then its interleaved repetitions."""
+              sampling_cls: type, c: PostValConfig, vocab: int, context: int) -> SpeedComparison:
+    """Warm both engines up on the set's untimed prompts (one at a time), then its interleaved repetitions; then
+    vanilla scores the candidate's timed outputs."""
     sampling = sampling_cls(max_new_tokens=ts.max_new_tokens, ignore_eos=ts.ignore_eos)
     warm = [list(p.tokens) for p in ts.warmup]
     for n in ENGINES:
@@ -251,10 +255,13 @@ def _time_set(engines, ts: TimedSet, meter: EnergyMeter, idle: GpuIdle, bound: B
             warm_up(engines[n], warm, sampling_cls)
     log.info("timing %s (%s), %d requests x %d reps", ts.workload, ts.mode, ts.requests, len(ts.reps))
     busy_before = idle.never_idle
-    timings = measure_pair(engines, [[list(p.tokens) for p in rep] for rep in ts.reps], sampling, ts.mode, meter,
-                           idle)
-    return compare(ts, sampling, timings, bound, c.timed_min_identical, c.timed_length_tolerance).model_copy(
-        update={"gpu_busy_passes": idle.never_idle - busy_before})
+    prompts = [[list(p.tokens) for p in rep] for rep in ts.reps]
+    timings = measure_pair(engines, prompts, sampling, ts.mode, meter, idle)
+    busy = idle.never_idle - busy_before
+    scored = reference_scoring(engines["vanilla"], [p for rep in prompts for p in rep], timings["candidate"],
+                               timings["vanilla"], sampling.max_new_tokens, vocab, context, c.timed_margin)
+    return compare(ts, sampling, timings, scored, bound, c.timed_min_valid, c.timed_length_tolerance).model_copy(
+        update={"gpu_busy_passes": busy})
 
 
 def _bandwidth(plan: Plan, built: dict, device: str, notes: list[str]) -> tuple[BandwidthInfo | None, BoundFn | None]:

@@ -8,8 +8,9 @@ engine over a stretch in which that engine alone ran -- and while one engine is 
 whole sandbox is frozen (SIGSTOP), so nothing of it runs meanwhile.
 
 Every byte from an engine process is untrusted: replies are checked for shape, a reply counts at most
-max_new_tokens tokens, and the candidate's timed outputs are compared with vanilla's for the same requests
-(timed_check): a speed figure measured on outputs unlike vanilla's is flagged as not trustworthy.
+max_new_tokens tokens, and every token of the candidate's timed outputs is scored by vanilla, teacher-forced on
+the candidate's own output (reference_scoring, as the gate judges timed tokens): a speed figure measured on
+outputs that vanilla would not have produced, up to a near-tie, is flagged as not trustworthy (timed_check).
 """
 from __future__ import annotations
 
@@ -179,13 +180,49 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
-def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: int, natural: bool,
-                min_identical: float = 0.5, length_tolerance: float = 0.10) -> TimedCheck:
-    """Pairs the candidate's output for each timed request (every repetition) with vanilla's for the same one.
+def reference_scoring(vanilla: EngineProcess, prompts: Sequence[Sequence[int]], cand: Sequence[Timing],
+                      van: Sequence[Timing], max_new_tokens: int, vocab: int, context: int,
+                      margin: float) -> tuple[int, int]:
+    """(candidate timed tokens that vanilla, teacher-forced on the candidate's output, puts within `margin` nats of
+    its own top-1; all candidate timed tokens). prompts: every timed request's, repetitions one after another.
 
-    Flagged when fewer than min_identical of them are token-identical, when at natural length the summed
-    lengths differ by more than length_tolerance, or when a request got no (or more than one) reply or an
-    output longer than max_new_tokens."""
+    An output equal to vanilla's own for the request is vanilla's greedy choice at every step and is not scored
+    again; one that cannot be scored (ids outside the vocabulary, past the context) counts as wrong throughout."""
+    from ..engine_host import EngineError
+
+    outs = [(o or [])[:max_new_tokens] for t in cand for o in t.outputs]
+    mine = [(o or [])[:max_new_tokens] for t in van for o in t.outputs]
+    if len(prompts) != len(outs):
+        raise ValueError(f"{len(prompts)} prompts for {len(outs)} timed outputs")
+    total = sum(len(o) for o in outs)
+    valid = sum(len(o) for o, v in zip(outs, mine) if o == v)
+    todo = [(list(p), o) for p, o, v in zip(prompts, outs, mine)
+            if o and o != v and len(p) + len(o) <= context and all(0 <= t < vocab for t in o)]
+    if not todo:
+        return valid, total
+    raw = vanilla.score([p for p, _ in todo], [o for _, o in todo], top_k=1)
+    if not isinstance(raw, list) or len(raw) != len(todo):
+        raise EngineError(f"{vanilla.engine_dir}: score replied to {len(todo)} timed outputs with "
+                          f"{len(raw) if isinstance(raw, list) else type(raw).__name__}")
+    for (_, o), r in zip(todo, raw):
+        lps = r.get("token_logprobs") if isinstance(r, dict) else None
+        tops = r.get("top_logprobs") if isinstance(r, dict) else None
+        if not (isinstance(lps, list) and isinstance(tops, list) and len(lps) == len(tops) == len(o)
+                and all(isinstance(t, list) and t for t in tops)):
+            raise EngineError(f"{vanilla.engine_dir}: malformed score reply {str(r)[:200]!r}")
+        valid += sum(float(lp) >= float(top[0]) - margin for lp, top in zip(lps, tops))
+    return valid, total
+
+
+def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: int, natural: bool,
+                scored: tuple[int, int], min_valid: float = 0.97, length_tolerance: float = 0.10) -> TimedCheck:
+    """Pairs the candidate's output for each timed request (every repetition) with vanilla's for the same one;
+    scored: reference_scoring's (valid tokens, all tokens).
+
+    Flagged when fewer than min_valid of the candidate's timed tokens are vanilla's top-1 up to the margin, when
+    at natural length the summed lengths differ by more than length_tolerance, or when a request got no (or more
+    than one) reply or an output longer than max_new_tokens. Token-identical outputs and the first divergence
+    are reported: bf16 engines that round differently part at near-ties and stay valid."""
     n = identical = div = 0
     len_c = len_v = missing = over = 0
     for tc, tv in zip(cand, van, strict=True):
@@ -202,10 +239,11 @@ def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: i
             len_c += min(len(oc), max_new_tokens)
             len_v += len(ov)
     frac = identical / n if n else 1.0
+    valid_frac = scored[0] / scored[1] if scored[1] else 1.0
     ratio = len_c / len_v if len_v else (1.0 if not len_c else math.inf)
     reasons = []
-    if frac < min_identical:
-        reasons.append(f"{frac:.2f} of the timed outputs are identical to vanilla's (< {min_identical:g})")
+    if valid_frac < min_valid:
+        reasons.append(f"{valid_frac:.3f} of the timed tokens are vanilla's top-1 up to a near-tie (< {min_valid:g})")
     if natural and abs(ratio - 1.0) > length_tolerance + 1e-9:
         reasons.append(f"summed output length {ratio:.2f}x vanilla's (outside ±{100 * length_tolerance:g} %)")
     if missing:
@@ -213,8 +251,8 @@ def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: i
     if over:
         reasons.append(f"{over} outputs longer than max_new_tokens {max_new_tokens}")
     return TimedCheck(requests=n, identical_frac=frac, first_divergence_mean=div / n if n else 0.0,
-                      length_ratio=ratio if math.isfinite(ratio) else 1e9, missing=missing, over_length=over,
-                      flagged=bool(reasons), reasons=reasons)
+                      valid_frac=valid_frac, length_ratio=ratio if math.isfinite(ratio) else 1e9, missing=missing,
+                      over_length=over, flagged=bool(reasons), reasons=reasons)
 
 
 # ---- summaries -----------------------------------------------------------------------------------------------
@@ -245,15 +283,16 @@ def summarize_measure(name: EngineName, timings: Sequence[Timing], prompt_lens: 
         request_new_tokens=out_lens if per_request else [], request_latency_s=per_request)
 
 
-def compare(ts: TimedSet, sampling: Sampling, timings: dict[EngineName, list[Timing]], bound: BoundFn | None = None,
-            min_identical: float = 0.5, length_tolerance: float = 0.10) -> SpeedComparison:
+def compare(ts: TimedSet, sampling: Sampling, timings: dict[EngineName, list[Timing]], scored: tuple[int, int],
+            bound: BoundFn | None = None, min_valid: float = 0.97, length_tolerance: float = 0.10
+            ) -> SpeedComparison:
     lens = [len(p.tokens) for rep in ts.reps for p in rep]
     cand = summarize_measure("candidate", timings["candidate"], lens, ts.mode, sampling.max_new_tokens, bound)
     van = summarize_measure("vanilla", timings["vanilla"], lens, ts.mode, sampling.max_new_tokens, bound)
     # Repetition i of A and of B ran back to back on the same prompts: pair them.
     ratios = [a / b for a, b in zip(cand.tok_per_s.values, van.tok_per_s.values, strict=True)]
     check = timed_check(timings["candidate"], timings["vanilla"], sampling.max_new_tokens, not sampling.ignore_eos,
-                        min_identical, length_tolerance)
+                        scored, min_valid, length_tolerance)
     return SpeedComparison(workload=ts.workload, kind=ts.kind, mode=ts.mode, requests=ts.requests,
                            max_new_tokens=sampling.max_new_tokens, ignore_eos=sampling.ignore_eos,
                            prompt_len_mean=statistics.fmean(lens), candidate=cand, vanilla=van,
