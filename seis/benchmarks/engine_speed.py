@@ -1,6 +1,10 @@
 """Single-request decode throughput of E0 (with and without CUDA graphs) and of HF transformers, in one run.
 
     python -m seis.benchmarks.engine_speed --model qwen3-0.6b-random [--prompt-len 100] [--new-tokens 256]
+                                           [--engine-dir DIR] [--skip-hf]
+
+With --engine-dir the engine there replaces E0 (rows named after its directory). With --new-tokens 1 a request is
+its prefill alone, so tok/s is 1 / time to first token.
 
 Each repetition times every system once, interleaved, so drift hits all of them alike. Throughput counts the
 forced new tokens over the wall time of the whole request (prefill included).
@@ -46,7 +50,8 @@ def main(argv: list[str] | None = None) -> dict:
     sp = eng_mod.SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
 
     systems = {}
-    for name, graphs in (("E0 + CUDA graphs", True), ("E0 eager", False)):
+    label = Path(args.engine_dir).name if args.engine_dir else "E0"
+    for name, graphs in ((f"{label} + CUDA graphs", True), (f"{label} eager", False)):
         eng = eng_mod.Engine(model_dir, eng_mod.EngineOptions(max_batch_size=8, max_seq_len=2048,
                                                               use_cuda_graphs=graphs)).build()
 
