@@ -16,6 +16,12 @@ from seis.workspace import PeerMaterial, Report, copy_tree, diff_workspace, prep
 LIBRARY = {t.name: t for t in load_library()}
 NAMES = sorted(LIBRARY)
 SUPERSEDES = {n: t.supersedes for n, t in LIBRARY.items() if t.supersedes}
+GAINS = {n: t.expected_speedup for n, t in LIBRARY.items()}
+
+
+def _ready_order(chain_index: int = 0) -> list[str]:
+    """A chain's exploration order, less what needs another entry first (not ready in a fresh E0 copy)."""
+    return [n for n in exploration_order(NAMES, chain_index, SUPERSEDES, GAINS) if not LIBRARY[n].prerequisites]
 
 
 def _ws(tmp_path, name="ws", reports=(), peers=()):
@@ -39,7 +45,7 @@ def test_applies_a_transformation_and_writes_the_report(tmp_path):
     agent = OfflineAgent()
     assert isinstance(agent, Agent)
     result = agent.edit(ws, SessionContext("c0", 1))
-    first = exploration_order(NAMES, 0, SUPERSEDES)[0]
+    first = _ready_order()[0]
     assert result.status == "edited" and result.applied == (first,) and result.attempted == (first,)
     assert ws.changed() and diff_workspace(ENGINE_TEMPLATE, ws.root)
     assert is_present(ws.root, ENGINE_TEMPLATE, LIBRARY[first])
@@ -65,7 +71,7 @@ def test_chains_explore_in_different_orders(tmp_path):
 
 
 def test_never_retries_what_failed_or_was_rejected(tmp_path):
-    order = exploration_order(NAMES, 0, SUPERSEDES)
+    order = _ready_order()
     reports = [_report("c0", 1, failed=[order[0]]),
                _report("c0", 2, applied=[order[1]], verdict="rejected")]
     result = OfflineAgent().edit(_ws(tmp_path, reports=reports), SessionContext("c0", 3, inherited_reports=reports))
@@ -80,7 +86,7 @@ def test_never_retries_what_failed_or_was_rejected(tmp_path):
 def test_adopts_what_a_peer_retained_at_a_sync(tmp_path):
     peer_dir = tmp_path / "peer"
     copy_tree(ENGINE_TEMPLATE, peer_dir)
-    order = exploration_order(NAMES, 0, SUPERSEDES)
+    order = _ready_order()
     kept, blocked = order[-1], order[-2]
     for name in (kept, blocked):
         assert apply_transformation(peer_dir, ENGINE_TEMPLATE, LIBRARY[name]).outcome == "applied"
@@ -148,6 +154,42 @@ def test_library_transformation_keeps_e0_outputs(verified, candidate):
     r = verified["candidates"][candidate]
     assert r["greedy_equal"] and r["sampled_equal"] and r["score_top_ids_equal"]
     assert r["score_max_abs_diff"] == 0.0 and r["verify_max_abs_diff"] == 0.0
+
+
+def _run_sync_chain(tmp_path, chains: int, sessions: int, sync_every: int) -> dict[str, set[str]]:
+    """The offline agent's sessions of a sync-chain run in which every candidate is retained (what each chain's
+    engine holds at the end); the protocol's sync rule: a fan-in before sessions N, 2N, ... (0-based)."""
+    import shutil
+
+    heads = {f"c{i}": ENGINE_TEMPLATE for i in range(chains)}
+    reports: dict[str, list[Report]] = {c: [] for c in heads}
+    for s in range(sessions):
+        sync = s > 0 and s % sync_every == 0
+        new_heads = {}
+        for i, chain in enumerate(heads):
+            peers = [PeerMaterial(c, heads[c], tuple(reports[c])) for c in heads if c != chain] if sync else []
+            ws = prepare_workspace(heads[chain], tmp_path / f"{chain}-s{s}", reports[chain], peers)
+            result = OfflineAgent().edit(ws, SessionContext(chain, s, chain_index=i,
+                                                            inherited_reports=tuple(reports[chain]),
+                                                            peers=tuple(peers)))
+            reports[chain].append(Report(chain, s, result.report_markdown, "retained"))
+            new_heads[chain] = tmp_path / f"{chain}-s{s}-engine"
+            shutil.copytree(ws.root / "engine", new_heads[chain] / "engine")
+        heads = new_heads
+    return {c: present_in(d, ENGINE_TEMPLATE, LIBRARY) for c, d in heads.items()}
+
+
+def test_ranked_by_expected_speedup_the_issues_sync_chain_reaches_the_fast_stack(tmp_path):
+    """3 chains x 6 sessions, sync every 3, every session retained: chains start from the entries with the
+    largest measured gains, and at the end a chain holds the whole speed stack without speculation."""
+    order = exploration_order(NAMES, 0, SUPERSEDES, GAINS)
+    assert [GAINS[n] for n in order] == sorted(GAINS.values(), reverse=True)  # no supersession reorders today
+    assert exploration_order(NAMES, 1, SUPERSEDES, GAINS) == order[1:] + order[:1]
+    held = _run_sync_chain(tmp_path, chains=3, sessions=6, sync_every=3)
+    stack = {"triton-gemv", "prefill-cuda-graphs", "fused-qk-rope-store", "greedy-multistep-decode",
+             "gate-up-silu-epilogue", "fused-decode-attention"}
+    assert any(h == stack for h in held.values()), held
+    assert any("ngram-speculation" in h for h in held.values()), held
 
 
 def test_a_superseded_transformation_is_not_tried(tmp_path):

@@ -4,8 +4,9 @@ Policy, in order:
 1. read the lineage from the inherited reports; never retry what failed or was rejected in it;
 2. at a sync, adopt what peers retained (their reports' retained changes, and library transformations found in
    their code), unless already in this engine or blocked;
-3. otherwise apply the next untried transformation, in library order rotated by the chain index (so chains
-   explore different things first), until the budget's max_transformations apply or max_attempts are spent.
+3. otherwise apply the next untried transformation, the library ranked by each entry's expected speedup (its
+   meta's measured prior) and rotated by the chain index (so chains explore different things first), until the
+   budget's max_transformations apply or max_attempts are spent.
 A transformation is tried only once its prerequisites are in the engine, and not at all once one that supersedes
 it is.
 """
@@ -22,11 +23,13 @@ from .library import Transformation, load_library
 from .merge import apply_transformation, present_in
 
 
-def exploration_order(names: list[str], chain_index: int, supersedes: dict[str, tuple[str, ...]] | None = None
-                      ) -> list[str]:
-    """Library order rotated by the chain index, except that a transformation comes before those it supersedes
-    (trying the lesser one first would block the greater: their patches conflict)."""
-    names = sorted(names)
+def exploration_order(names: list[str], chain_index: int, supersedes: dict[str, tuple[str, ...]] | None = None,
+                      gains: dict[str, float] | None = None) -> list[str]:
+    """The library ranked by expected gain (ties by name), rotated by the chain index so that chains start in
+    different places, except that a transformation comes before those it supersedes (trying the lesser one first
+    would block the greater: their patches conflict)."""
+    gains = gains or {}
+    names = sorted(names, key=lambda n: (-gains.get(n, 1.0), n))
     if not names:
         return []
     k = chain_index % len(names)
@@ -108,7 +111,8 @@ class OfflineAgent:
         budget = context.budget
         if not adopted:
             supersedes = {n: t.supersedes for n, t in self.library.items() if t.supersedes}
-            order = exploration_order(list(self.library), context.chain_index, supersedes)
+            gains = {n: t.expected_speedup for n, t in self.library.items()}
+            order = exploration_order(list(self.library), context.chain_index, supersedes, gains)
             progress = True
             while progress:  # again after a change: what it made ready (a dependent of it) may come earlier
                 progress = False

@@ -1,7 +1,7 @@
 """The offline agent's transformation library: one directory per transformation, kept outside the engine.
 
     library/<name>/meta.yaml   name, rationale, expected_effect, target_files
-                               (+ gpu_only, numerics, verified, prerequisites, supersedes)
+                               (+ gpu_only, numerics, verified, prerequisites, supersedes, expected_speedup)
     library/<name>/patch.diff  a unified diff against E0 (engine_template/) with the prerequisites applied,
                                paths a/<file> b/<file>
 """
@@ -28,6 +28,8 @@ class Transformation:
     verified: str = ""             # what was checked, where
     prerequisites: tuple[str, ...] = ()  # transformations that must already be in the engine
     supersedes: tuple[str, ...] = ()     # transformations this one replaces (they are not tried once it is in)
+    # The agent's prior: the single-request speedup it brings where it applies (measured where the meta says).
+    expected_speedup: float = 1.0
     path: Path | None = None
 
     def describe(self) -> str:
@@ -58,10 +60,13 @@ def load_transformation(d: Path) -> Transformation:
     targets = tuple(sorted(meta["target_files"]))
     if list(targets) != in_patch:
         raise ValueError(f"{d}: target_files {list(targets)} differ from the files the patch touches {in_patch}")
+    speedup = meta.get("expected_speedup", 1.0)
+    if isinstance(speedup, bool) or not isinstance(speedup, (int, float)) or not speedup > 0:
+        raise ValueError(f"{d}: expected_speedup must be a positive number, not {speedup!r}")
     return Transformation(meta["name"], meta["rationale"], meta["expected_effect"], targets, patch,
                           bool(meta.get("gpu_only", False)), str(meta.get("numerics", "identical")),
                           str(meta.get("verified", "")), _names(meta, "prerequisites", d),
-                          _names(meta, "supersedes", d), d)
+                          _names(meta, "supersedes", d), float(speedup), path=d)
 
 
 def _names(meta: dict, key: str, d: Path) -> tuple[str, ...]:
