@@ -163,8 +163,8 @@ def _speed_md_rows(comps: list[SpeedComparison]) -> list[list[str]]:
         energy = ("–" if v.energy_j_per_token is None or a.energy_j_per_token is None else
                   f"{v.energy_j_per_token.median:.3g} / {a.energy_j_per_token.median:.3g}")
         t = c.timed
-        timed = "–" if t is None else (f"{t.valid_frac:.3f} / {t.identical_frac:.2f} / {t.first_divergence_mean:.1f} / "
-                                       f"{t.length_ratio:.2f}")
+        timed = "–" if t is None else (f"{t.valid_frac:.3f} / {t.identical_frac:.2f} / "
+                                       f"{t.first_divergence_mean:.1f} / {t.length_ratio:.2f}")
         flag = []
         if c.timed_flagged:
             flag.append(f"{FLAG} not trustworthy: " + "; ".join(t.reasons))
