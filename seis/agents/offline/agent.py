@@ -5,8 +5,8 @@ Policy, in order:
 2. at a sync, adopt what peers retained (their reports' retained changes, and library transformations found in
    their code), unless already in this engine or blocked;
 3. otherwise apply the next untried transformation, the library ranked by each entry's expected speedup (its
-   meta's measured prior) and rotated by the chain index (so chains explore different things first), until the
-   budget's max_transformations apply or max_attempts are spent.
+   meta's measured prior), what a fresh E0 can take rotated by the chain index (so chains explore different
+   things first), until the budget's max_transformations apply or max_attempts are spent.
 A transformation is tried only once its prerequisites are in the engine, and not at all once one that supersedes
 it is.
 """
@@ -24,16 +24,20 @@ from .merge import apply_transformation, present_in
 
 
 def exploration_order(names: list[str], chain_index: int, supersedes: dict[str, tuple[str, ...]] | None = None,
-                      gains: dict[str, float] | None = None) -> list[str]:
-    """The library ranked by expected gain (ties by name), rotated by the chain index so that chains start in
-    different places, except that a transformation comes before those it supersedes (trying the lesser one first
-    would block the greater: their patches conflict)."""
-    gains = gains or {}
-    names = sorted(names, key=lambda n: (-gains.get(n, 1.0), n))
-    if not names:
-        return []
-    k = chain_index % len(names)
-    order = names[k:] + names[:k]
+                      gains: dict[str, float] | None = None, needs: dict[str, tuple[str, ...]] | None = None
+                      ) -> list[str]:
+    """The library ranked by expected gain (ties by name), the entries a fresh E0 can take rotated by the chain
+    index among their ranked places so that chains start in different places; an entry that needs others (`needs`)
+    keeps its ranked place, so it is tried as soon as they are in. A transformation comes before those it
+    supersedes (trying the lesser one first would block the greater: their patches conflict)."""
+    gains, needs = gains or {}, needs or {}
+    order = sorted(names, key=lambda n: (-gains.get(n, 1.0), n))
+    roots = [i for i, n in enumerate(order) if not needs.get(n)]
+    if roots:
+        k = chain_index % len(roots)
+        turned = [order[i] for i in roots[k:] + roots[:k]]
+        for i, name in zip(roots, turned):
+            order[i] = name
     for _ in range(len(order)):  # until no move is left: moving one entry can put it behind what it supersedes
         moved = False
         for name, lesser in (supersedes or {}).items():
@@ -112,7 +116,8 @@ class OfflineAgent:
         if not adopted:
             supersedes = {n: t.supersedes for n, t in self.library.items() if t.supersedes}
             gains = {n: t.expected_speedup for n, t in self.library.items()}
-            order = exploration_order(list(self.library), context.chain_index, supersedes, gains)
+            needs = {n: t.prerequisites for n, t in self.library.items()}
+            order = exploration_order(list(self.library), context.chain_index, supersedes, gains, needs)
             progress = True
             while progress:  # again after a change: what it made ready (a dependent of it) may come earlier
                 progress = False
