@@ -500,7 +500,8 @@ class _Scorer:
         self.calls.append((prompts, continuations, top_k))
         if self.reply is not None:
             return self.reply
-        return [{"token_logprobs": [-t / 10 for t in c], "top_logprobs": [[0.0]] * len(c)} for c in continuations]
+        return [{"token_logprobs": [-t / 10 for t in c], "top_ids": [[0]] * len(c), "top_logprobs": [[0.0]] * len(c)}
+                for c in continuations]
 
 
 def test_reference_scoring_scores_what_differs_from_vanilla():
@@ -518,6 +519,9 @@ def test_reference_scoring_scores_what_differs_from_vanilla():
     assert reference_scoring(_Scorer(), prompts, cand, van, 3, 50, 3, margin=0.3) == (3, 11)  # past the context
     with pytest.raises(EngineError, match="malformed score reply"):
         reference_scoring(_Scorer([{"token_logprobs": [0.0]}] * 2), prompts, cand, van, 3, 50, 100, margin=0.3)
+    short = {"token_logprobs": [0.0], "top_ids": [[0]], "top_logprobs": [[0.0]]}  # one position for three tokens
+    with pytest.raises(EngineError, match="for 3 tokens"):
+        reference_scoring(_Scorer([short] * 2), prompts, cand, van, 3, 50, 100, margin=0.3)
     with pytest.raises(EngineError, match="with 1"):
         reference_scoring(_Scorer([{}]), prompts, cand, van, 3, 50, 100, margin=0.3)
 

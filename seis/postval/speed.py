@@ -188,7 +188,11 @@ def reference_scoring(vanilla: EngineProcess, prompts: Sequence[Sequence[int]], 
 
     An output equal to vanilla's own for the request is vanilla's greedy choice at every step and is not scored
     again; one that cannot be scored (ids outside the vocabulary, past the context) counts as wrong throughout."""
+    from pydantic import TypeAdapter, ValidationError
+
     from ..engine_host import EngineError
+    from ..evaluator.checks import near_argmax
+    from ..evaluator.engines import ScoreOut
 
     outs = [(o or [])[:max_new_tokens] for t in cand for o in t.outputs]
     mine = [(o or [])[:max_new_tokens] for t in van for o in t.outputs]
@@ -204,14 +208,14 @@ def reference_scoring(vanilla: EngineProcess, prompts: Sequence[Sequence[int]], 
     if not isinstance(raw, list) or len(raw) != len(todo):
         raise EngineError(f"{vanilla.engine_dir}: score replied to {len(todo)} timed outputs with "
                           f"{len(raw) if isinstance(raw, list) else type(raw).__name__}")
-    for (_, o), r in zip(todo, raw):
-        lps = r.get("token_logprobs") if isinstance(r, dict) else None
-        tops = r.get("top_logprobs") if isinstance(r, dict) else None
-        if not (isinstance(lps, list) and isinstance(tops, list) and len(lps) == len(tops) == len(o)
-                and all(isinstance(t, list) and t for t in tops)):
-            raise EngineError(f"{vanilla.engine_dir}: malformed score reply {str(r)[:200]!r}")
-        valid += sum(float(lp) >= float(top[0]) - margin for lp, top in zip(lps, tops))
-    return valid, total
+    try:
+        scores = TypeAdapter(list[ScoreOut]).validate_python(raw)
+    except ValidationError as exc:
+        raise EngineError(f"{vanilla.engine_dir}: malformed score reply: {str(exc)[:200]}") from None
+    for (_, o), sc in zip(todo, scores):
+        if not len(sc.token_logprobs) == len(sc.top_logprobs) == len(o) or not all(sc.top_logprobs):
+            raise EngineError(f"{vanilla.engine_dir}: malformed score reply for {len(o)} tokens: {str(sc)[:200]}")
+    return valid + near_argmax(scores, margin), total
 
 
 def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: int, natural: bool,
