@@ -175,7 +175,7 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
                 vanilla, outcomes, failures = _sessions(config, run, resumed)
             if failures:
                 message = "; ".join(failures)
-                run.set_status("failed", sessions_done=len(outcomes), message=message)
+                run.set_status("failed", sessions_done=run.sessions_recorded(), message=message)
                 print(f"run stopped: {message}")
                 return Failed(message=f"{message} (the finished sessions are recorded; continue with "
                                       f"{RESUME_HINT.format(out=run.root)})")
@@ -183,10 +183,11 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
             run.set_status("complete", sessions_done=len(outcomes))
             return result
         except Exception as e:
-            run.set_status("failed", message=f"{type(e).__name__}: {e}")
+            run.set_status("failed", sessions_done=run.sessions_recorded(), message=f"{type(e).__name__}: {e}")
             raise
         except BaseException as e:  # interrupted (SIGTERM, Ctrl-C): the run is resumable
-            run.set_status("crashed", message=f"interrupted ({type(e).__name__})")
+            run.set_status("crashed", sessions_done=run.sessions_recorded(),
+                           message=f"interrupted ({type(e).__name__})")
             interrupted = True      # its registry entry is left to the flow's hooks: a cancellation says so there
             raise
         finally:

@@ -84,6 +84,7 @@ def test_resume_after_a_host_failure_redoes_only_the_unfinished_session(harness,
     assert state.is_failed() and "c1/s0: host failure" in state.message and "resume=" in state.message
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "failed" and "host failure" in status["message"] and "--resume" in status["note"]
+    assert status["sessions_done"] == 1                                        # c0's first session is recorded
     assert (run / "chains" / "c0" / "000" / "outcome.json").is_file()
     assert not (run / "chains" / "c1" / "000" / "outcome.json").exists()      # not recorded as a rejection
     assert not (run / "summary.parquet").exists() and not (run / "chains" / "c0" / "001").exists()

@@ -64,6 +64,11 @@ class RunDir:
     def session_dir(self, chain: str, session: int) -> Path:
         return self.root / "chains" / chain / f"{session:03d}"
 
+    def sessions_recorded(self) -> int:
+        """Sessions whose outcome is on disk (what a resume keeps, if they still follow from their parents)."""
+        from .resume import OUTCOME_FILE
+        return sum(1 for _ in (self.root / "chains").glob(f"*/*/{OUTCOME_FILE}"))
+
     def write_summary(self, rows: list[dict]) -> Path:
         import pandas as pd
 
