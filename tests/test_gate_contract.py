@@ -29,7 +29,7 @@ from seis.evaluator.checks import (
     top_probability,
     well_conditioned_top_p,
 )
-from seis.evaluator.config import CheckSizes, GateThresholds
+from seis.evaluator.config import CheckSizes, GateThresholds, SpeedConfig
 from seis.evaluator.engines import GenerationOut
 from seis.evaluator.workloads import load_gate_workloads, read_model_limits
 from seis.models import resolve_model
@@ -175,6 +175,32 @@ def test_long_context_workloads_fit_the_model(prepared_dir: Path) -> None:
 
 
 TINY_NO_LONG = H.TINY_CHECKS.model_copy(update={"long_min_tokens": 500})
+
+
+def test_a_timed_prompt_shares_no_more_with_the_public_question_than_with_any_other(prepared_dir: Path) -> None:
+    """An engine may know the public dev questions, not the gate's nonce. Whatever it could compute ahead of a
+    timed request (the KV of a known prefix, say) must then be no longer than what every request shares anyway
+    (the fixed instruction): the same question under another nonce parts no later than two questions do. Prompts
+    cut to fit the context keep their end, so only whole ones make that promise; every prompt stays unknowable."""
+    model_dir = resolve_model("tiny-qwen3")
+
+    def timed(nonce: str) -> tuple[list[tuple[int, ...]], int]:
+        speed = SpeedConfig(n_prompts=2, natural_max_new_tokens=8, fixed_max_new_tokens=8, prompt_nonce=nonce)
+        wl = load_gate_workloads(H.tiny_config(prepared_dir, ENGINE_TEMPLATE, max_prompt_tokens=480, speed=speed),
+                                 model_dir)
+        return [p for w in wl.speed for s in (w.warmup, *w.passes) for p in s.prompts], wl.budget.speed_prompt_cap
+
+    def common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    (first, cap), (second, _) = timed("0123abcd"), timed("fedc9876")
+    assert len(first) == len(second) >= 8 and len(set(first)) == len(first)
+    whole = [(a, b) for a, b in zip(first, second, strict=True) if len(a) < cap]
+    assert len(whole) >= 3
+    shared = min(common(a, c) for i, (a, _) in enumerate(whole) for c, _ in whole[i + 1:])
+    assert all(common(a, b) <= shared for a, b in whole)
+    assert all(a != b for a, b in zip(first, second))
+
 
 
 # --- pure pieces: the target distribution, TV, support, stop ids ----------------------------------------------------
