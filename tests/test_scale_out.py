@@ -441,3 +441,51 @@ def test_session_deployments_load_and_fit_their_pools():
         path, _, func = d["entrypoint"].partition(":")
         flow = load_flow_from_entrypoint(f"{REPO_ROOT / path}:{func}")
         assert flow.name == "seis-session" and set(flow.parameters.model_dump()["properties"]) == {"request"}
+
+
+def _process_groups() -> set[int]:
+    """The process groups of every live process (a zombie runs nothing: its parent has yet to reap it)."""
+    groups = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            groups.add(int(fields[2]))
+    return groups
+
+
+def test_one_host_workers_script_serves_a_run_and_stops_everything(tmp_path, prepared_dir):
+    """scripts/one-host-workers.sh (README): `up --cpu 1` brings a server, the pool, the deployment and a worker;
+    a run dispatched to it records that worker; `down` leaves no process of any of them."""
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    script = str(REPO_ROOT / "scripts" / "one-host-workers.sh")
+    try:
+        up = subprocess.run(["bash", script, "up", "--cpu", "1", "--state", str(state)], env=env, cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        api = (state / "api").read_text().strip()
+        assert f"export PREFECT_API_URL={api}" in up.stdout
+        groups = {int(p.read_text()) for p in state.glob("*.pid")}
+        assert len(groups) == 2                                          # the server and one worker
+        run = tmp_path / "run"
+        done = subprocess.run([sys.executable, "-m", "seis.cli", "evolve", "--dispatch", "workers",
+                               "--session-deployment", "seis-session/cpu", "--protocol", "chain", "--chains", "1",
+                               "--sessions", "1", "--model", "tiny-qwen3", "--device", "cpu", "--gate", "smoke",
+                               "--out", str(run), "--store", str(tmp_path / "store")],
+                              env={**env, "PREFECT_API_URL": api}, cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        reply = SessionReply.load(run / "chains" / "c0" / "000")
+        assert reply is not None and not reply.failure and reply.worker.worker.endswith("-cpu0")
+        assert reply.worker.device == "0"
+    finally:
+        down = subprocess.run(["bash", script, "down", "--state", str(state)], env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    deadline = time.monotonic() + 10   # killed processes leave /proc once their parent (init) reaps them
+    while groups & _process_groups() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not list(state.glob("*.pid")) and not groups & _process_groups()
