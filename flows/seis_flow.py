@@ -280,6 +280,7 @@ def _finish(config: RunConfig, run: RunDir, vanilla: str, outcomes) -> str:
     rows = [o.summary_row() for o in outcomes]
     run.write_summary(rows)
     figure = run.write_chain_figure()
+    run.write_timeline()
     best = pick_best(outcomes)
     run.write_best(best.summary_row() if best else None)
     if config.post_validate != "off" and best is not None:

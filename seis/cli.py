@@ -240,6 +240,15 @@ def evolve(
     typer.echo(f"run directory: {state.result()}")
 
 
+@app.command()
+def timeline(run_dir: Path = typer.Argument(..., help="A run directory (finished or not).")) -> None:
+    """When and where each gate of a run ran (worker, device, seconds from the first), and what overlapped."""
+    from .session.timeline import gate_spans, timeline_markdown
+    if not (run_dir / "config.json").is_file():
+        _fail(f"{run_dir} is not a SEIS run directory (no config.json)")
+    typer.echo(timeline_markdown(gate_spans(run_dir)))
+
+
 def _evolve_preflight(values: dict, resume: Optional[Path]):
     """The run's config, validated, with the machine checked (output dir, model, memory): exit 2 otherwise."""
     from .session.params import ParameterError, resolve_config

@@ -20,6 +20,7 @@ import pytest
 
 from seis.config import RunConfig
 from seis.session.dispatch import SessionReply
+from seis.session.timeline import gate_spans, most_at_once_per_lane
 from seis.store import SnapshotStore, dvc_command
 from seis.workspace import tree_hash
 
@@ -212,6 +213,12 @@ def test_sync_chain_on_two_workers_matches_the_local_run(tmp_path, prepared_dir)
         for r in replies.values():
             assert r.worker.device == WORKERS[r.worker.worker]
             assert Path(r.worker.store) == stores[r.worker.worker]
+        # The run's timeline shows both workers, never two gates at once on one device.
+        spans = gate_spans(run_dir)
+        assert len(spans) == len(replies) and {s.worker for s in spans} == set(WORKERS)
+        assert set(most_at_once_per_lane(spans).values()) == {1}
+        assert "host-a (device 0)" in (run_dir / "timeline.md").read_text()
+        assert (run_dir / "figures" / "timeline.png").is_file()
         # An engine made on one worker reached the other only through the DVC remote (pulled, hash-checked).
         made_on = {r.snapshot["id"]: r.worker.worker for r in replies.values() if r.snapshot}
         crossed = [(sid, made_on[sid], r.worker.worker) for r in replies.values()

@@ -191,7 +191,8 @@ def run_gate(config: GateConfig) -> GateResult:
     """Judge config.candidate against the reference. Raises GateInputError for bad input and ReferenceFailure if
     the reference itself breaks; anything the candidate does wrong ends up as a failed check instead. The
     result is built only after every engine process is gone."""
-    t0, started = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    # milliseconds: a run's timeline orders its gates by this
+    t0, started = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="seis-gate-") as tmp:
         roles = {"candidate": config.candidate, "vanilla": config.reference,

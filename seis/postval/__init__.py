@@ -8,7 +8,7 @@ the bandwidth bound, energy; results as postval.json, tables (md + parquet) and 
 Heavy libraries (torch, pandas, matplotlib) are imported only where they are used.
 """
 from .config import QUICK, PostValConfig, PostValError, make_config
-from .figures import plot_chain_speedups
+from .figures import plot_chain_speedups, plot_gate_timeline
 from .plan import check_model, fetch_snapshot, prepare_plan, speed_plan
 from .result import (
     AccuracySummary,
@@ -36,6 +36,7 @@ __all__ = [
     "fetch_snapshot",
     "make_config",
     "plot_chain_speedups",
+    "plot_gate_timeline",
     "prepare_plan",
     "run_post_validation",
     "speed_plan",

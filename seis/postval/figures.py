@@ -246,3 +246,25 @@ def _le(a: Any, b: Any) -> bool:
         return a <= b
     except TypeError:
         return False
+
+
+def plot_gate_timeline(spans: list, path: str | Path) -> str:
+    """One lane per worker and device, one bar per gate (seconds from the run's first), labelled chain/session;
+    a failed gate's bar is red. spans: seis.session.timeline.GateSpan."""
+    plt = _plt()
+    lanes = sorted({s.lane for s in spans})
+    t0 = min((s.start for s in spans), default=None)
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * max(1, len(lanes))))
+    cmap = plt.get_cmap("tab10")
+    chains = sorted({s.chain for s in spans})
+    for s in spans:
+        y, left = lanes.index(s.lane), (s.start - t0).total_seconds()
+        width = (s.end - s.start).total_seconds()
+        color = FLAG_COLOR if s.verdict == "fail" else cmap(chains.index(s.chain) % 10)
+        ax.barh(y, width, left=left, height=0.6, color=color, edgecolor="black", lw=0.5)
+        ax.text(left + width / 2, y, f"{s.chain}/s{s.session}", ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the first gate's start")
+    ax.set_title("Gates by worker and device (colour: chain; red: failed)", fontsize=10)
+    return _save(fig, path)

@@ -1,7 +1,8 @@
 """The run directory: config, per-session files, and the summary table.
 
     runs/<run-id>/
-      config.json  status.json  vanilla.json  summary.parquet  summary.md  best.json  figures/chain_speedups.png
+      config.json  status.json  vanilla.json  summary.parquet  summary.md  best.json  timeline.md
+      figures/chain_speedups.png  figures/timeline.png
       postval/  (with post_validate: the best retained engine against vanilla; tables, figures, metrics)
       chains/<chain>/<session>/  workspace/  workspace.diff  report.md  gate.json  agent.json  transcript.jsonl
 """
@@ -89,6 +90,16 @@ class RunDir:
         df["synced_from"] = [f"{peers.split(',')[0]}/{s - 1}" if peers else None
                              for peers, s in zip(df["synced_from"], df["session"])]
         plot_chain_speedups(df, path)
+        return path
+
+    def write_timeline(self) -> Path:
+        """When and where each gate ran: timeline.md and figures/timeline.png."""
+        from ..postval import plot_gate_timeline
+        from .timeline import gate_spans, timeline_markdown
+        spans = gate_spans(self.root)
+        (self.root / "timeline.md").write_text(timeline_markdown(spans) + "\n")
+        path = self.root / "figures" / "timeline.png"
+        plot_gate_timeline(spans, path)
         return path
 
     def write_best(self, best: dict | None) -> None:
