@@ -79,7 +79,7 @@ up() {
     || { cat "$state/deploy.log" >&2; down >&2; exit 1; }
   names=()
   for device in ${devices//,/ }; do
-    name=$(hostname)-$deployment$device
+    name=$(uname -n)-$deployment$device
     names+=("$name")
     # the device a worker owns (on CPU only its slot: the gates of two CPU workers do not share a lock)
     start "worker-$device" env CUDA_VISIBLE_DEVICES="$device" SEIS_WORKER_NAME="$name" \
