@@ -53,7 +53,7 @@ def e0_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 TINY = dict(model="tiny-qwen3", device="cpu", cpu_threads=1, gsm8k_items=6, retrieval_items=3, speed_requests=2,
             fixed_single_requests=1, dev_requests=1, reps=2, gsm8k_max_new_tokens=24, natural_max_new_tokens=16, fixed_new_tokens=16,
-            heldout_max_output_len=64, max_batch_size=4)
+            heldout_max_output_len=64, max_batch_size=4, prompt_nonce="5eed")
 
 
 # Hostile candidates: E0 with engine/__init__.py extended (the sandboxed worker imports the package).
@@ -380,7 +380,8 @@ def test_speed_plan_draws_distinct_prompts_and_shrinks_or_says_so(prepared_dir):
     assert any("gsm8k-test" in note and "lowered to" in note for note in sp.notes)
     dev = {(ts.workload): ts for ts in sp.workloads if ts.kind == "dev"}
     fitting = [p for p in plan.dev_pool if len(p.tokens) < 512]
-    assert dev["dev-natural"].reps[0] == fitting[:8]  # the gate's own dev set (what fits) first
+    natural = dev["dev-natural"]
+    assert natural.reps[0] == fitting[:natural.requests]  # the gate's own dev set (what fits) first
     # A pool that cannot give even one new prompt per repetition: prompts repeat, and the result says so.
     many = prepare_plan(make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="cpu", max_batch_size=4,
                                     prepared_dir=prepared_dir, gsm8k_items=0, retrieval_items=0, speed_requests=0,
@@ -389,6 +390,33 @@ def test_speed_plan_draws_distinct_prompts_and_shrinks_or_says_so(prepared_dir):
     pool = next(p for p in sp.pools if p.name == "gsm8k-dev")
     assert pool.repeated == 80 - pool.available > 0 and not any(ts.distinct for ts in sp.workloads)
     assert any("repeat" in note for note in sp.notes)
+
+
+def test_timed_prompts_carry_the_runs_nonce_before_the_question_and_accuracy_prompts_do_not(prepared_dir):
+    """The GSM8K questions are public: every timed prompt (test and dev pools) carries the run's nonce, first thing
+    in the user turn after the instruction, so an engine can neither ship its answer nor a question's prefix; the
+    accuracy prompts stay the questions as they are. The nonce is recorded, and drawn afresh when not given."""
+    from seis.postval import prepare_plan
+    from seis.postval.accuracy import gsm8k_prompts
+
+    def plan(nonce):
+        return prepare_plan(make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="cpu",
+                                        prepared_dir=prepared_dir, gsm8k_items=4, retrieval_items=0,
+                                        speed_requests=4, prompt_nonce=nonce))
+
+    a, b = plan("0123abcd"), plan("fedc9876")
+    assert a.prompt_nonce == "0123abcd" and len(plan(None).prompt_nonce) == 16
+    assert a.gsm8k_prompts == b.gsm8k_prompts == gsm8k_prompts(a.tokenizer, a.gsm8k_items)
+    for pool_a, pool_b in ((a.test_pool, b.test_pool), (a.dev_pool, b.dev_pool)):
+        assert pool_a and [p.id for p in pool_a] == [p.id for p in pool_b]
+        assert all(a.tokenizer.decode(list(p.tokens)).count("0123abcd") == 2 for p in pool_a)
+    # what the same question shares across nonces ends where every prompt's shared instruction ends
+    shared = min(_common(x.tokens, y.tokens) for i, x in enumerate(a.test_pool) for y in a.test_pool[i + 1:])
+    assert all(_common(x.tokens, y.tokens) <= shared for x, y in zip(a.test_pool, b.test_pool))
+
+
+def _common(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 class _Box:

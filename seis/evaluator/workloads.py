@@ -22,6 +22,7 @@ from ..workloads import (
     load_dev_workloads,
     load_gsm8k_split,
     load_heldout_shapes,
+    timed_question,
     verify_prepared,
 )
 from .config import GateConfig
@@ -199,13 +200,8 @@ def _speed_workloads(config: GateConfig, tok, cap: int) -> tuple[SpeedWorkload, 
         ids = pool[k * per_workload:(k + 1) * per_workload]
 
         def prompt_set(part: list[str], label: str) -> PromptSet:
-            # The dev questions are public; the nonce makes the exact prompts unknowable in advance. Its first line
-            # comes before the question, so no question-specific prefix (its KV, say) can be computed ahead of a
-            # request: prompts share only the fixed instruction, as every GSM8K request does in real use. The
-            # second survives the keep-the-end truncation of a small context.
             return PromptSet(f"{wl.name}/{label}", tuple(f"gsm8k-dev:{i}" for i in part),
-                             tuple(_gsm8k_prompt(tok, f"(request {nonce}-{i})\n{by_id[i].question}\n"
-                                                      f"(request {nonce}-{i})", cap)
+                             tuple(_gsm8k_prompt(tok, timed_question(by_id[i], nonce), cap)
                                    for i in part),
                              (sampling,) * len(part))
         warm, timed = ids[: sp.warmup_requests], ids[sp.warmup_requests:]

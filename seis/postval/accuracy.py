@@ -14,6 +14,7 @@ from ..workloads import (
     is_correct,
     retrieval_messages,
     score_retrieval,
+    timed_question,
 )
 from .result import AccuracySummary, BucketAccuracy, EngineName, ItemOutcome
 
@@ -27,8 +28,10 @@ def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]
     return encode_prompt(tokenizer, messages[0]["content"], chat=True)
 
 
-def gsm8k_prompts(tokenizer: Any, items: Sequence[GSM8KItem]) -> list[list[int]]:
-    return [encode_messages(tokenizer, gsm8k_messages(it.question)) for it in items]
+def gsm8k_prompts(tokenizer: Any, items: Sequence[GSM8KItem], nonce: str | None = None) -> list[list[int]]:
+    """The items' chat prompts; with a nonce, as timed requests ask them (seis.workloads.timed_question)."""
+    return [encode_messages(tokenizer, gsm8k_messages(timed_question(it, nonce) if nonce else
+                                                      it.question)) for it in items]
 
 
 def retrieval_prompts(tokenizer: Any, items: Sequence[RetrievalItem]) -> list[list[int]]:

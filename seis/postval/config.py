@@ -71,6 +71,9 @@ class PostValConfig(BaseModel):
     heldout: bool = True
     heldout_max_output_len: int | None = Field(None, ge=1)  # drop held-out shapes with longer outputs
     reps: int = Field(3, ge=1, le=100)
+    # In every timed GSM8K prompt, before the question (None: drawn at random per run; recorded in the result), so
+    # no engine can ship answers or a question's precomputed prefix for the public questions.
+    prompt_nonce: str | None = Field(None, pattern=r"^[0-9a-f]{4,32}$")
 
     # Token budgets; None takes the prepared workloads' own values (manifest params).
     gsm8k_max_new_tokens: int | None = Field(None, ge=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class Plan:
     dev_defs: list = field(default_factory=list)
     shapes: tuple = ()
 
+    prompt_nonce: str = ""  # in every timed GSM8K prompt (the config's, or drawn by _encode)
     suite_context: int | None = None  # what the suite's longest request needs (set by _encode)
     memory_context: int | None = None  # the longest context both engines' KV caches fit in (set by _fit_memory)
     notes: list[str] = field(default_factory=list)  # said in the result
@@ -186,10 +188,11 @@ def _encode(plan: Plan) -> None:
     c, tok = plan.config, plan.tokenizer
     plan.gsm8k_prompts = gsm8k_prompts(tok, plan.gsm8k_items)
     plan.retrieval_prompts = retrieval_prompts(tok, plan.retrieval_items)
-    n_acc = len(plan.gsm8k_prompts)  # the accuracy prompts are the test split's first items: encoded once
-    speed_candidates = plan.gsm8k_prompts[: len(plan.speed_source)] + gsm8k_prompts(tok, plan.speed_source[n_acc:])
+    # Timed prompts carry the run's nonce; the accuracy prompts are the questions as they are.
+    plan.prompt_nonce = c.prompt_nonce or secrets.token_hex(8)
+    speed_candidates = gsm8k_prompts(tok, plan.speed_source, plan.prompt_nonce)
     plan.test_pool = [Prompt(it.id, tuple(p)) for it, p in zip(plan.speed_source, speed_candidates, strict=True)]
-    dev_prompts = [(wl, gsm8k_prompts(tok, items)) for wl, items in plan.dev_defs]
+    dev_prompts = [(wl, gsm8k_prompts(tok, items, plan.prompt_nonce)) for wl, items in plan.dev_defs]
     seen: set[str] = set()
     for (_, items), prompts in zip(plan.dev_defs, (p for _, p in dev_prompts), strict=True):
         for it, p in zip(items, prompts, strict=True):  # both dev workloads share their items: one pool

@@ -177,6 +177,7 @@ class PostValResult(_Model):
     notes: list[str]  # skips, remapped ids, anything a reader must know
     items: list[ItemOutcome]
     prompt_pools: list[PromptPool] = []  # where the speed phase's timed prompts came from
+    prompt_nonce: str = ""  # in every timed GSM8K prompt
     files: dict[str, str] = {}
 
     @property

@@ -228,7 +228,7 @@ def measure(plan: Plan) -> PostValResult:
         wall_s=time.perf_counter() - t0, context_tokens=context, engines=info, device=device, accuracy=accuracy,
         retrieval_buckets=buckets, speed=speed, workloads=workloads, bandwidth=bandwidth,
         energy_available=meter.available, energy_note=meter.note, flags=flags, notes=notes, items=items,
-        prompt_pools=pools)
+        prompt_pools=pools, prompt_nonce=plan.prompt_nonce)
 
 
 def _decoded(plan: Plan, engine, raw: Any, n: int) -> list[Output]:

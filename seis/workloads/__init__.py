@@ -6,7 +6,7 @@ Prepared deterministically by `python -m seis.workloads prepare --out data/prepa
 
 from seis.workloads.answers import extract_answer, is_correct, normalize_number
 from seis.workloads.common import DEFAULT_PREPARED_DIR, WorkloadDataError
-from seis.workloads.gsm8k import GSM8KItem, gsm8k_messages, load_gsm8k_split, resolve_gsm8k_dir
+from seis.workloads.gsm8k import GSM8KItem, gsm8k_messages, load_gsm8k_split, resolve_gsm8k_dir, timed_question
 from seis.workloads.params import WorkloadParams, load_params
 from seis.workloads.prepare import (
     FileRecord,
@@ -34,6 +34,7 @@ __all__ = [
     "WorkloadParams",
     "extract_answer",
     "gsm8k_messages",
+    "timed_question",
     "is_correct",
     "load_dev_workloads",
     "load_gsm8k_split",

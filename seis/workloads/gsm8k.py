@@ -53,6 +53,15 @@ def gsm8k_messages(question: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{INSTRUCTION}\n\nQuestion: {question}"}]
 
 
+def timed_question(item: GSM8KItem, nonce: str) -> str:
+    """A question as a timed request asks it. The questions are public, the nonce (drawn per gate or
+    post-validation) is not: no engine can ship answers for the exact prompt. Its first line comes before the
+    question, so no question-specific prefix (its KV, say) can be computed ahead either: prompts share only the fixed
+    instruction, as every GSM8K request does in real use. The second survives keep-the-end truncation."""
+    line = f"(request {nonce}-{item.index})"
+    return f"{line}\n{item.question}\n{line}"
+
+
 def item_id(question: str) -> str:
     return "gsm8k-" + sha256_bytes(question.encode("utf-8"))[:12]
 
