@@ -348,7 +348,9 @@ def test_a_killed_flow_run_resumes_with_every_session_exactly_once(prefect_serve
 
     p = prefect_server
     run = tmp_path / "run"
-    first = p.run_deployment(**_small(tmp_path))
+    # quick gates: a session records its outcome after its snapshot (a `dvc add`, seconds on a loaded machine),
+    # which must land while the other chain's gate still holds the slot; a smoke gate can be shorter than that
+    first = p.run_deployment(**_small(tmp_path, gate="quick"))
     p.wait_state(first, {"RUNNING"}, 120)
 
     # Kill the flow-run process in the last round: one session-1 is recorded, the other one's gate holds the slot.
