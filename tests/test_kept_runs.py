@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from seis.config import RunConfig
+from seis.engine_import import ENGINE_TEMPLATE
 from seis.session.resume import finished
 from seis.session.rundir import RunDir
 from seis.store import SnapshotStore
+from seis.workspace.tree import tree_hash
 
 ARCHIVES = sorted((Path(__file__).resolve().parents[1] / "docs" / "runs").glob("*.tgz"))
 LEFT_OUT = {".prefect", "parent", "gated", "workspace"}  # what docs/runs/README.md says an archive omits
@@ -40,8 +42,11 @@ def test_a_kept_run_resumes_with_every_recorded_session(archive: Path, tmp_path:
     config = RunConfig.model_validate_json(run.recorded_config_json())
     assert config.out.name == run_root.name and config.store.name == "store"
     store = SnapshotStore(store_root, use_dvc=False)
+    # A resumed run judges against the reference it recorded, not the checkout's: a kept run must carry E0 itself,
+    # and every recorded gate must have judged against that very tree.
     vanilla = run.recorded_vanilla()
-    assert vanilla in store
+    e0 = tree_hash(ENGINE_TEMPLATE)
+    assert vanilla in store and store.info(vanilla).tree_hash == e0, "the kept run's reference is not E0"
 
     session_dirs = sorted(p.parent for p in run_root.glob("chains/*/*/outcome.json"))
     assert session_dirs and len(session_dirs) == run.sessions_recorded()
@@ -51,7 +56,9 @@ def test_a_kept_run_resumes_with_every_recorded_session(archive: Path, tmp_path:
         outcome = finished(session_dir, store)
         assert outcome is not None, f"{session_dir.relative_to(run_root)} would be redone on resume"
         assert outcome.parent_snapshot in store
-        verdict = json.loads((session_dir / "gate.json").read_text())["verdict"]
+        gate = json.loads((session_dir / "gate.json").read_text())
+        verdict = gate["verdict"]
+        assert gate["hashes"]["reference_tree"] == e0
         assert outcome.verdict == verdict and (verdict == "pass" or not outcome.retained)
     for info in store.list():  # every stored engine restores byte for byte (get checks the tree hash)
         store.get(info.id, tmp_path / "restored" / info.id)
