@@ -225,9 +225,8 @@ def run_gate(config: GateConfig) -> GateResult:
                     detail="timed requests that started while the GPU still ran other work (left by a frozen "
                            "engine) after the idle wait's limit"))
                 mark = time.monotonic()
-                checks += timed_checks(ref, timed, calibration, config.thresholds.greedy_margin,
-                                       config.thresholds.stop_margin, ref.build_info["eos_token_ids"], vocab,
-                                       wl.budget.max_seq_len)
+                checks += timed_checks(ref, timed, calibration, config.thresholds, ref.build_info["eos_token_ids"],
+                                       vocab, wl.budget.max_seq_len)
                 timings["timed_checks"] = time.monotonic() - mark
             stats = {role: h.stats() for role, h in handles.items() if h.usable}
         except (ReferenceFailure, HostFailure, SandboxError) as e:
