@@ -48,8 +48,9 @@ class GateThresholds(_Frozen):
     # puts between its top-1 and the EOS at the reference's own timed stops. Wider than greedy_margin because one
     # stop beyond it fails the gate, while tokens are judged by rate. Observed on an H200 (qwen3-0.6b-random): an
     # honest bf16 kernel change stopped 0.38 nats below the top-1 once in 24 natural-length requests, an exact
-    # speculative engine 0.88 (3,275 of its other 3,276 tokens within 0.3). Stops that shorten outputs overall are
-    # also bounded by the natural-length check.
+    # speculative engine 0.88 (3,275 of its other 3,276 tokens within 0.3). The reference's own noise was 0.00 in
+    # every gate of that run (it agrees with itself), so there the floor decides. Stops that shorten outputs overall
+    # are also bounded by the natural-length check.
     stop_margin: float = Field(0.75, ge=0)
     stop_factor: float = Field(1.5, ge=1)
     stop_cap: float = Field(1.5, gt=0)
