@@ -1,5 +1,6 @@
 """The timed path's stop rule: a candidate's EOS must lie within the stop margin of the reference's top-1, and
-that margin is calibrated on the reference's own timed stops (never wider than the cap)."""
+that margin is calibrated on the reference's own timed stops and on the model's EOS row (never wider than the
+cap)."""
 from __future__ import annotations
 
 import pytest
@@ -7,6 +8,8 @@ import pytest
 from seis.engine_host.client import Sampling
 from seis.evaluator.config import GateThresholds
 from seis.evaluator.engines import GenerationOut, ScoreOut
+from seis.evaluator.errors import GateInputError
+from seis.evaluator.logit_scale import eos_gap_scale
 from seis.evaluator.schema import Calibration
 from seis.evaluator.speed import TimedOutputs
 from seis.evaluator.timed import stop_tolerance, timed_checks
@@ -44,10 +47,10 @@ def _timed(reps: int = 3) -> TimedOutputs:
     return TimedOutputs(sets={"dev-natural": sets}, outputs={"dev-natural": outputs})
 
 
-def _stops(ref_gap: float, cand_gap: float):
+def _stops(ref_gap: float, cand_gap: float, eos_scale: float = 1.0):
     ref = ScriptedReference({tuple(REF_OUT): ref_gap, tuple(CAND_OUT): cand_gap})
     cal = Calibration(method="test", noise={}, tolerance={"top1": 0.5, "length": 0.1}, positions=1, requests=1)
-    checks = timed_checks(ref, _timed(), cal, GateThresholds(), [EOS], VOCAB, 64)
+    checks = timed_checks(ref, _timed(), cal, GateThresholds(), [EOS], VOCAB, 64, eos_scale)
     return next(c for c in checks if c.name == "timed.dev-natural.stops")
 
 
@@ -55,6 +58,8 @@ def test_stop_tolerance_is_floor_factor_noise_and_cap():
     assert stop_tolerance([], 0.75, 1.5, 1.5) == (0.0, 0.75)
     assert stop_tolerance([0.1, 0.7, 0.2], 0.75, 1.5, 1.5) == (0.7, pytest.approx(1.05))
     assert stop_tolerance([3.0], 0.75, 1.5, 1.5) == (3.0, 1.5)
+    assert stop_tolerance([], 0.75, 1.5, 1.5, scaled_margin=0.97) == (0.0, 0.97)
+    assert stop_tolerance([], 0.75, 1.5, 1.5, scaled_margin=9.0) == (0.0, 1.5)
 
 
 def test_a_stop_beyond_the_floor_fails_where_the_reference_stops_cleanly():
@@ -87,3 +92,45 @@ def test_the_reference_scores_only_its_own_natural_length_stops():
     stops = next(c for c in timed_checks(ref, timed, cal, GateThresholds(), [EOS], VOCAB, 64)
                  if c.name == "timed.dev-natural.stops")
     assert not stops.passed and stops.extra["reference_stop_noise"] == 0.0
+
+
+def test_a_large_eos_row_widens_the_margin_by_its_logit_noise():
+    """qwen3-0.6b-random's EOS row makes an EOS-vs-top-1 gap 3.24x as noisy as an ordinary near-tie: 0.3 x 3.24 =
+    0.97 nats, so the exact engines' 0.88-nat stops pass there, and a stop 1.2 below does not."""
+    check = _stops(ref_gap=0.0, cand_gap=0.88, eos_scale=3.24)
+    assert check.passed, check.detail
+    assert check.extra["stop_margin"] == pytest.approx(0.972) and check.extra["eos_scale"] == 3.24
+    assert "3.24x" in check.detail
+    assert not _stops(ref_gap=0.0, cand_gap=1.2, eos_scale=3.24).passed
+    assert _stops(ref_gap=0.0, cand_gap=1.6, eos_scale=50.0).extra["stop_margin"] == GateThresholds().stop_cap
+
+
+def _write_model(path, rows: dict[str, "torch.Tensor"]):
+    from safetensors.torch import save_file
+    path.mkdir()
+    save_file(rows, str(path / "model.safetensors"))
+    return path
+
+
+def test_eos_gap_scale_reads_the_output_rows(tmp_path):
+    import torch
+    w = torch.zeros(64, 8)
+    w[:, 0] = 4.0                  # every row norm 4
+    w[7, 0] = 12.0                 # EOS 7: three times the median
+    scale = eos_gap_scale(_write_model(tmp_path / "untied", {"lm_head.weight": w,
+                                                            "model.embed_tokens.weight": torch.ones(64, 8)}), [7, 3])
+    assert scale == pytest.approx((12 ** 2 + 4 ** 2) ** 0.5 / (2 ** 0.5 * 4))
+    # tied weights: only the input embedding is stored; an ordinary EOS row gives no widening
+    tied = _write_model(tmp_path / "tied", {"model.embed_tokens.weight": w.to(torch.bfloat16)})
+    assert eos_gap_scale(tied, [3]) == 1.0
+    assert eos_gap_scale(tied, [7]) == pytest.approx(scale)
+
+
+def test_eos_gap_scale_rejects_what_it_cannot_read(tmp_path):
+    import torch
+    model = _write_model(tmp_path / "m", {"model.layers.0.mlp.weight": torch.ones(4, 4)})
+    with pytest.raises(GateInputError, match="no output matrix"):
+        eos_gap_scale(model, [1])
+    model = _write_model(tmp_path / "n", {"lm_head.weight": torch.ones(4, 4)})
+    with pytest.raises(GateInputError, match="outside the output matrix"):
+        eos_gap_scale(model, [4])

@@ -44,13 +44,16 @@ class GateThresholds(_Frozen):
     # own output, puts it within this many nats of its top-1 (bf16 near-ties); its tolerance is top-1's
     greedy_margin: float = Field(0.3, ge=0)
     # timed outputs: every EOS the candidate stopped at must lie within min(stop_cap, max(stop_margin, stop_factor *
-    # noise)) nats of the reference's top-1 there; noise = the largest gap the reference's teacher-forced scoring
-    # puts between its top-1 and the EOS at the reference's own timed stops. Wider than greedy_margin because one
-    # stop beyond it fails the gate, while tokens are judged by rate. Observed on an H200 (qwen3-0.6b-random): an
-    # honest bf16 kernel change stopped 0.38 nats below the top-1 once in 24 natural-length requests, an exact
-    # speculative engine 0.88 (3,275 of its other 3,276 tokens within 0.3). The reference's own noise was 0.00 in
-    # every gate of that run (it agrees with itself), so there the floor decides. Stops that shorten outputs overall
-    # are also bounded by the natural-length check.
+    # noise, greedy_margin * eos_scale)) nats of the reference's top-1 there; noise = the largest gap the
+    # reference's teacher-forced scoring puts between its top-1 and the EOS at the reference's own timed stops;
+    # eos_scale = how much more rounding moves an EOS-vs-top-1 gap than a gap between two ordinary tokens, from the
+    # output rows' norms (evaluator/logit_scale.py: 3.24 on qwen3-0.6b-random, whose EOS row is 17.9 where the
+    # median row is 4.0; 1.03 on SmolLM2). Wider than greedy_margin because one stop beyond it fails the gate,
+    # while tokens are judged by rate. Observed on an H200 (qwen3-0.6b-random): an honest bf16 kernel change
+    # stopped 0.38 nats below the top-1 once in 24 natural-length requests, exact speculative and fused-epilogue
+    # engines 0.88 (3,275 of the other 3,276 tokens within 0.3). The reference's own noise was 0.00 in every gate of
+    # that run (it agrees with itself). Stops that shorten outputs overall are also bounded by the natural-length
+    # check.
     stop_margin: float = Field(0.75, ge=0)
     stop_factor: float = Field(1.5, ge=1)
     stop_cap: float = Field(1.5, gt=0)

@@ -19,6 +19,7 @@ from .isolation import OFFLINE_ENV, VISIBLE, Isolation, make_isolation
 from .schema import CheckResult, DevBenchmarkResult, GateResult, Hashes, IsolationRecord
 from .snapshot import Snapshot, files_sha256, snapshot, tree_sha256
 from .speed import measure_speed
+from .logit_scale import eos_gap_scale
 from .timed import timed_checks
 from .workloads import load_gate_workloads, load_speed_workloads, read_model_limits
 
@@ -225,8 +226,9 @@ def run_gate(config: GateConfig) -> GateResult:
                     detail="timed requests that started while the GPU still ran other work (left by a frozen "
                            "engine) after the idle wait's limit"))
                 mark = time.monotonic()
-                checks += timed_checks(ref, timed, calibration, config.thresholds, ref.build_info["eos_token_ids"],
-                                       vocab, wl.budget.max_seq_len)
+                eos_ids = ref.build_info["eos_token_ids"]
+                checks += timed_checks(ref, timed, calibration, config.thresholds, eos_ids, vocab,
+                                       wl.budget.max_seq_len, eos_gap_scale(setup.model_dir, eos_ids))
                 timings["timed_checks"] = time.monotonic() - mark
             stats = {role: h.stats() for role, h in handles.items() if h.usable}
         except (ReferenceFailure, HostFailure, SandboxError) as e:

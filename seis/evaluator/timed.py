@@ -6,7 +6,8 @@ Per speed workload, over all repetitions: every request answered; lengths and EO
 with the reference's own timed outputs; the reference's scoring of the candidate's tokens (each its top-1 up to a
 near-tie); every EOS the candidate stopped at must be within the stop margin of the reference's top-1 there; and at
 natural length the summed output length must match the reference's. Tolerances are the correctness checks'
-calibrated ones; the stop margin is calibrated here, on the reference's own timed stops (`stop_tolerance`).
+calibrated ones; the stop margin is calibrated here, on the reference's own timed stops and on how much larger the
+model's EOS output row is than the rest (`stop_tolerance`).
 """
 from __future__ import annotations
 
@@ -39,13 +40,15 @@ def _stop_gaps(scores, outs: list[GenerationOut]) -> list[float | None]:
             for s, out in zip(scores, outs)]
 
 
-def stop_tolerance(reference_gaps: list[float], floor: float, factor: float, cap: float) -> tuple[float, float]:
+def stop_tolerance(reference_gaps: list[float], floor: float, factor: float, cap: float,
+                   scaled_margin: float = 0.0) -> tuple[float, float]:
     """(noise, tolerance) for stops. The reference chose EOS at each of its own timed stops, yet scoring the same
     tokens teacher-forced can rank it below its top-1: the EOS logit can be the noisiest one (a random model's
-    calibrated EOS row is large), and this gap is the reference's own noise at a stop. tolerance = min(cap,
-    max(floor, factor * the largest such gap))."""
+    calibrated EOS row is large), and this gap is the reference's own noise at a stop. scaled_margin: the greedy
+    near-tie margin scaled to an EOS-vs-top-1 gap (`logit_scale.eos_gap_scale`). tolerance = min(cap, max(floor,
+    factor * the largest such gap, scaled_margin))."""
     noise = max(reference_gaps, default=0.0)
-    return noise, min(cap, max(floor, factor * noise))
+    return noise, min(cap, max(floor, factor * noise, scaled_margin))
 
 
 def _false_stops(gaps: list[float | None], outs: list[GenerationOut], tolerance: float) -> list[str]:
@@ -67,10 +70,11 @@ def _reference_stop_gaps(ref: EngineHandle, timed: TimedOutputs, vocab: int, max
 
 
 def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, th: GateThresholds, eos_ids: list[int],
-                 vocab: int, max_seq_len: int) -> list[CheckResult]:
+                 vocab: int, max_seq_len: int, eos_scale: float = 1.0) -> list[CheckResult]:
+    """eos_scale: how much more rounding moves an EOS-vs-top-1 gap than an ordinary near-tie (at least 1)."""
     tol, margin = cal.tolerance, th.greedy_margin
     stop_noise, stop_tol = stop_tolerance(_reference_stop_gaps(ref, timed, vocab, max_seq_len), th.stop_margin,
-                                          th.stop_factor, th.stop_cap)
+                                          th.stop_factor, th.stop_cap, margin * eos_scale)
     checks: list[CheckResult] = []
     for wl in timed.sets:
         prompts, sampling, cand = _flat(timed, wl, "candidate")
@@ -107,8 +111,9 @@ def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, th: G
         check = CheckResult.rules(f"{name}.stops", stops, n)
         checks.append(check.model_copy(update={
             "detail": f"{check.detail}; stop margin {stop_tol:.2f} nats (the reference's own largest gap at its "
-                      f"timed stops: {stop_noise:.2f})",
-            "extra": {**check.extra, "stop_margin": stop_tol, "reference_stop_noise": stop_noise}}))
+                      f"timed stops: {stop_noise:.2f}; EOS logit noise {eos_scale:.2f}x an ordinary token's)",
+            "extra": {**check.extra, "stop_margin": stop_tol, "reference_stop_noise": stop_noise,
+                      "eos_scale": eos_scale}}))
         natural = [not s.ignore_eos for s in sampling]
         if any(natural) and van and all(v is not None for v in van):
             ratio = length_ratio(van, cand, natural)
