@@ -182,7 +182,8 @@ def _run_sync_chain(tmp_path, chains: int, sessions: int, sync_every: int) -> di
 
 def test_ranked_by_expected_speedup_the_issues_sync_chain_reaches_the_fast_stack(tmp_path):
     """3 chains x 6 sessions, sync every 3, every session retained: chains start from different entries among
-    those with the largest measured gains, and at the end every chain holds the whole speed stack."""
+    those with the largest measured gains, and at the end every chain holds the whole speed stack, speculation
+    included (one engine fast with speculation off and on)."""
     order = exploration_order(NAMES, 0, SUPERSEDES, GAINS, NEEDS)
     assert [GAINS[n] for n in order] == sorted(GAINS.values(), reverse=True)  # no supersession reorders today
     firsts = [_ready_order(i)[0] for i in range(3)]
@@ -193,8 +194,7 @@ def test_ranked_by_expected_speedup_the_issues_sync_chain_reaches_the_fast_stack
     held = _run_sync_chain(tmp_path, chains=3, sessions=6, sync_every=3)
     stack = {"triton-gemv", "prefill-cuda-graphs", "fused-qk-rope-store", "greedy-multistep-decode",
              "gate-up-silu-epilogue", "fused-decode-attention"}
-    assert all(stack <= h for h in held.values()), held
-    assert any("ngram-speculation" in h for h in held.values()), held
+    assert all(stack | {"ngram-speculation"} <= h for h in held.values()), held
 
 
 def test_a_superseded_transformation_is_not_tried(tmp_path):
