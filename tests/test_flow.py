@@ -221,6 +221,58 @@ def test_branching_sessions_all_start_from_vanilla_and_the_best_is_post_validate
     assert json.loads((tmp_path / "run" / "postval" / "metrics.json").read_text())["gsm8k"]["delta_points"] == 0
 
 
+def test_a_candidate_the_run_already_judged_takes_that_verdict_without_a_second_gate(harness, tmp_path,
+                                                                                     prepared_dir):
+    """2 chains x 3 sessions, a fan-in before each: after s1 both chains hold one engine, and at s2 both try the
+    same next entry on it. The second of those identical candidates is not gated again; a tree that differs by a
+    byte, or a recorded verdict from other evaluator code, is."""
+    from seis.evaluator import GateConfig, GateResult
+    from seis.session.reuse import reuse_verdict
+    from seis.session.timeline import gate_spans
+
+    lib = _library(tmp_path, "greedy-multistep-decode", "batched-scoring", "decode-pinned-metadata")
+    df = _run(tmp_path, protocol="sync-chain", chains=2, sessions=3, sync_every=1, agent_library=lib)
+    s1 = df[df.session == 1].set_index("chain")
+    s2 = df[df.session == 2].set_index("chain")
+    assert s1.loc["c0", "snapshot"] == s1.loc["c1", "snapshot"]
+    assert s2.loc["c0", "applied"] == s2.loc["c1", "applied"] != ""
+    assert s2.retained.all() and s2.loc["c0", "snapshot"] == s2.loc["c1", "snapshot"]
+    assert s2.loc["c0", "dev_speedup_vs_vanilla"] == s2.loc["c1", "dev_speedup_vs_vanilla"]
+    run = tmp_path / "run"
+    dirs = {c: run / "chains" / c / "002" for c in ("c0", "c1")}
+    gated = [c for c, d in dirs.items() if (d / "gate.json").is_file()]
+    assert len(gated) == 1
+    other = "c1" if gated == ["c0"] else "c0"
+    assert json.loads((dirs[other] / "gate-reused.json").read_text())["session"] == f"chains/{gated[0]}/002"
+    assert "was gated in chains/" in (dirs[other] / "report.md").read_text()
+    assert len(gate_spans(run)) == 5  # six sessions, five gates
+
+    # The boundary: the recorded verdict goes only to exactly that tree, judged by this evaluator.
+    result = GateResult.model_validate_json((dirs[gated[0]] / "gate.json").read_text())
+    config = GateConfig.model_validate(result.config)
+    same = tmp_path / "same"
+    shutil.copytree(dirs[other] / "workspace", same)
+    for name in ("reports", "peers"):
+        shutil.rmtree(same / name, ignore_errors=True)
+    probe = tmp_path / "probe" / "chains" / "c9" / "000"
+    probe.mkdir(parents=True)
+    shutil.copytree(run / "verdicts", tmp_path / "probe" / "verdicts")
+    shutil.copytree(run / "chains" / gated[0], tmp_path / "probe" / "chains" / gated[0])
+    reused = reuse_verdict(config.model_copy(update={"candidate": same}), probe, probe / "gated")
+    assert reused is not None and reused.result.hashes.candidate_tree == result.hashes.candidate_tree
+    assert tree_hash(probe / "gated") == tree_hash(same)
+    changed = tmp_path / "changed"
+    shutil.copytree(same, changed)
+    with open(changed / "engine" / "__init__.py", "a") as f:
+        f.write("\n")
+    assert reuse_verdict(config.model_copy(update={"candidate": changed}), probe, probe / "g2") is None
+    assert not (probe / "g2").exists()
+    stale = tmp_path / "probe" / "chains" / gated[0] / "002" / "gate.json"
+    stale.write_text(result.model_copy(update={"hashes": result.hashes.model_copy(
+        update={"evaluator_source": "0" * 64})}).model_dump_json())
+    assert reuse_verdict(config.model_copy(update={"candidate": same}), probe, probe / "g3") is None
+
+
 def _evolve(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "seis.cli", "evolve", *args], capture_output=True, text=True,
                           timeout=120)

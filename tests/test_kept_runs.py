@@ -12,6 +12,7 @@ import pytest
 from seis.config import RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.session.resume import finished
+from seis.session.reuse import reused_from
 from seis.session.rundir import RunDir
 from seis.store import SnapshotStore
 from seis.workspace.tree import tree_hash
@@ -56,7 +57,8 @@ def test_a_kept_run_resumes_with_every_recorded_session(archive: Path, tmp_path:
         outcome = finished(session_dir, store)
         assert outcome is not None, f"{session_dir.relative_to(run_root)} would be redone on resume"
         assert outcome.parent_snapshot in store
-        gate = json.loads((session_dir / "gate.json").read_text())
+        judged = reused_from(session_dir)  # a verdict taken from the session that gated the same candidate
+        gate = json.loads(((run_root / judged if judged else session_dir) / "gate.json").read_text())
         verdict = gate["verdict"]
         assert gate["hashes"]["reference_tree"] == e0
         assert outcome.verdict == verdict and (verdict == "pass" or not outcome.retained)

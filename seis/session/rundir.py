@@ -5,6 +5,8 @@
       figures/chain_speedups.png  figures/timeline.png
       postval/  (with post_validate: the best retained engine against vanilla; tables, figures, metrics)
       chains/<chain>/<session>/  workspace/  workspace.diff  report.md  gate.json  agent.json  transcript.jsonl
+                                 (gate-reused.json instead of gate.json: the session that judged the same candidate)
+      verdicts/<key>.json        which session judged which candidate (seis.session.reuse)
 """
 from __future__ import annotations
 

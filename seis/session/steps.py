@@ -8,6 +8,7 @@ from ..agents import AgentResult, Budget, SessionContext, find_secrets, stamp_ve
 from ..config import RunConfig
 from ..workspace import Report, Workspace, prepare_workspace
 from .resume import save_outcome
+from .reuse import reused_from
 from .spec import SessionOutcome, SessionSpec
 
 AGENTS_AVAILABLE = ("offline", "anthropic", "openai", "cli")
@@ -67,11 +68,18 @@ def gate_config(config: RunConfig, spec: SessionSpec | None = None, **values):
 
 def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, parent_dir: Path):
     """The development gate on the workspace's engine tree; returns the GateResult (also saved as gate.json,
-    beside the workspace, where no agent looks). The vanilla and parent engines come from the snapshot store."""
+    beside the workspace, where no agent looks). The vanilla and parent engines come from the snapshot store.
+    A candidate this run has already judged takes that verdict (`reuse`: gate-reused.json names the session)."""
     from ..evaluator import run_gate
+    from .reuse import remember_verdict, reuse_verdict
 
-    result = run_gate(gate_config(config, spec, candidate=workspace.root, parent=parent_dir))
+    judged_by = gate_config(config, spec, candidate=workspace.root, parent=parent_dir)
+    reused = reuse_verdict(judged_by, spec.session_dir, gated_dir(spec))
+    if reused is not None:
+        return reused.result
+    result = run_gate(judged_by)
     (spec.session_dir / "gate.json").write_text(result.model_dump_json(indent=2) + "\n")
+    remember_verdict(judged_by, spec.session_dir, result)
     return result
 
 
@@ -94,6 +102,10 @@ def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_res
     # report.md is inherited by later agents: verdict and dev checks only (gate.json keeps the rest)
     measurements = render_gate_for_agents(gate_result) if gate_result is not None else \
         f"No gate run: {'; '.join(reasons)}."
+    reused = reused_from(spec.session_dir)
+    if reused and gate_result is not None:
+        measurements = (f"This exact candidate (same parent and reference) was gated in {reused} of this run; "
+                        f"its verdict and measurements are reused.\n\n{measurements}")
     markdown = stamp_verdict(agent.report_markdown, verdict_word, measurements)
     (spec.session_dir / "report.md").write_text(markdown)
     vs_vanilla, vs_parent = dev_speedups(gate_result)
