@@ -49,6 +49,24 @@ def test_ladder_refuses_bad_engine_values(tmp_path, value, message):
         ladder.systems([], False, [], tmp_path, extra=ladder._labelled_dirs([value]))
 
 
+def test_a_batched_ladder_run_sends_every_request_of_a_call_together(tmp_path):
+    out = tmp_path / "ladder.json"
+    done = subprocess.run([sys.executable, "-m", "seis.benchmarks.ladder", "--model", "tiny-qwen3", "--order",
+                           "greedy-multistep-decode", "--batch", "3", "--new-tokens", "24", "--prompt-len", "30",
+                           "--reps", "2", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["batch"] == 3 and "3 request(s) at once" in done.stdout
+    for name in ("E0", "E0 + greedy-multistep-decode"):
+        stats = result["engines"][name]["stats"]
+        assert stats["generated_tokens"] == 3 * 3 * 24                      # (warm-up + 2 calls) x 3 requests
+        assert result["greedy_prefix_equal_to_e0"][name] == [24] * 9       # every request, E0's tokens
+        assert result["engines"][name]["options"]["max_batch_size"] >= 3
+    refused = subprocess.run([sys.executable, "-m", "seis.benchmarks.ladder", "--batch", "0"], capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0 and "--batch must be at least 1" in refused.stderr
+
+
 def test_busy_time_is_the_union_of_kernel_intervals():
     # Overlapping kernels (programmatic dependent launch) count once; a kernel inside another adds nothing.
     iv = [(0.0, 2.0, "a"), (1.0, 3.0, "b"), (5.0, 6.0, "c"), (5.2, 5.8, "d"), (10.0, 11.0, "e")]

@@ -1,12 +1,12 @@
-"""Single-request decode throughput of E0 (per attention backend), of each library transformation alone on E0, and
-of the transformations stacked in a given order, all in one run.
+"""Decode throughput of E0 (per attention backend), of each library transformation alone on E0, and of the
+transformations stacked in a given order, all in one run: one request at a time, or --batch requests at once.
 
     python -m seis.benchmarks.ladder --model qwen3-0.6b-random [--order a,b,c] [--alone] [--also x+y,z]
-                                     [--engine LABEL=DIR ...] [--reps 3] [--json F]
+                                     [--engine LABEL=DIR ...] [--batch 1] [--reps 3] [--json F]
 
 Every engine runs in its own sandboxed process (as the gate runs candidates) and all are alive at once; each
-repetition times every engine once, interleaved, on a fresh prompt, so drift hits them alike. Throughput counts
-the forced new tokens over the wall time of the whole request (prefill included). Each engine's greedy tokens are
+repetition times every engine once, interleaved, on fresh prompts, so drift hits them alike. Throughput counts
+the forced new tokens of every request over the wall time of the whole call (prefill included). Each engine's greedy tokens are
 compared with E0's on the same prompts (the length of the common prefix is reported). --engine adds an engine
 tree from elsewhere (a run's retained engine, an earlier version of a transformation) under its own label.
 """
@@ -79,9 +79,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--backends", default="", help="E0 also with these attention backends, e.g. triton,torch")
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1, help="requests sent together in each timed call")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.batch < 1:
+        raise SystemExit(f"--batch must be at least 1, not {args.batch}")
 
     import torch
 
@@ -92,10 +95,11 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir = resolve_model(args.model)
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, min(vocab, 20000), (args.prompt_len,), generator=gen).tolist()
-               for _ in range(args.reps + 1)]  # one per repetition (+ warm-up): nothing is served twice
+    # args.batch prompts per repetition (+ warm-up): nothing is served twice
+    calls = [[torch.randint(0, min(vocab, 20000), (args.prompt_len,), generator=gen).tolist()
+              for _ in range(args.batch)] for _ in range(args.reps + 1)]
     sampling = Sampling(max_new_tokens=args.new_tokens, ignore_eos=True)
-    options = {"max_batch_size": 8, "max_seq_len": 2048}
+    options = {"max_batch_size": max(8, args.batch), "max_seq_len": 2048}
     order = [n for n in args.order.split(",") if n]
     backends = [b for b in args.backends.split(",") if b]
     also = [[n for n in stack.split("+") if n] for stack in args.also.split(",") if stack]
@@ -110,16 +114,17 @@ def main(argv: list[str] | None = None) -> dict:
             for name, eng in engines.items():
                 eng.start()
                 info[name] = {"build": eng.build(), "options": eng.options}
-            for rep, prompt in enumerate(prompts):
+            for rep, batch in enumerate(calls):
                 for name, eng in engines.items():
                     t0 = time.perf_counter()
-                    out = eng.generate([prompt], sampling)[0]["token_ids"]
+                    outs = [o["token_ids"] for o in eng.generate(batch, sampling)]
                     dt = time.perf_counter() - t0
-                    if len(out) != args.new_tokens:
-                        raise SystemExit(f"{name} returned {len(out)} tokens, not {args.new_tokens}")
-                    tokens[name].append(out)
-                    if rep:  # the first prompt warms every engine up
-                        times[name].append(args.new_tokens / dt)
+                    if [len(o) for o in outs] != [args.new_tokens] * len(batch):
+                        raise SystemExit(f"{name} returned {[len(o) for o in outs]} tokens, not {args.new_tokens} "
+                                         f"for each of {len(batch)} requests")
+                    tokens[name].extend(outs)
+                    if rep:  # the first call warms every engine up
+                        times[name].append(len(batch) * args.new_tokens / dt)
             for name, eng in engines.items():  # counters over every prompt (drafts accepted, graph replays, ...)
                 info[name]["stats"] = eng.stats()
         finally:
@@ -131,15 +136,15 @@ def main(argv: list[str] | None = None) -> dict:
     e0 = summarize(times["E0"])["median"]
     result = {
         "benchmark": "ladder", "model": args.model, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "reps": args.reps, "commit": _commit(),
+        "batch": args.batch, "reps": args.reps, "commit": _commit(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "tok_per_s": {n: summarize(v) for n, v in times.items()},
         "speedup_vs_e0": {n: summarize([x / e0 for x in v]) for n, v in times.items()},
         "greedy_prefix_equal_to_e0": agreement,
         "engines": info,
     }
-    print(f"{result['device']}, {args.model}, prompt {args.prompt_len}, {args.new_tokens} forced new tokens, "
-          f"median (min–max) of {args.reps}, commit {result['commit']}:")
+    print(f"{result['device']}, {args.model}, {args.batch} request(s) at once, prompt {args.prompt_len}, "
+          f"{args.new_tokens} forced new tokens each, median (min–max) of {args.reps}, commit {result['commit']}:")
     for n, s in result["tok_per_s"].items():
         print(f"  {n:60s} {fmt_range(s)} tok/s  x{result['speedup_vs_e0'][n]['median']:.2f}  "
               f"same-as-E0 prefix {min(agreement[n])}/{args.new_tokens}{_drafts(info[n]['stats'])}")
