@@ -267,6 +267,15 @@ def test_a_candidate_the_run_already_judged_takes_that_verdict_without_a_second_
         f.write("\n")
     assert reuse_verdict(config.model_copy(update={"candidate": changed}), probe, probe / "g2") is None
     assert not (probe / "g2").exists()
+    # another parent, or an index entry naming the judged session for a different tree, lends nothing
+    assert reuse_verdict(config.model_copy(update={"candidate": same, "parent_snapshot": "0" * 16}), probe,
+                         probe / "g4") is None
+    from seis.evaluator.gate import evaluator_source_sha256
+    from seis.evaluator.snapshot import tree_sha256
+    from seis.session.reuse import verdict_key
+    forged = verdict_key(config, tree_sha256(changed), evaluator_source_sha256())
+    (tmp_path / "probe" / "verdicts" / f"{forged}.json").write_text(json.dumps({"session": f"chains/{gated[0]}/002"}))
+    assert reuse_verdict(config.model_copy(update={"candidate": changed}), probe, probe / "g5") is None
     stale = tmp_path / "probe" / "chains" / gated[0] / "002" / "gate.json"
     stale.write_text(result.model_copy(update={"hashes": result.hashes.model_copy(
         update={"evaluator_source": "0" * 64})}).model_dump_json())

@@ -16,10 +16,10 @@ from ..sandbox import SandboxError, interrupted
 from .engines import Deadline, EngineHandle, start_and_build
 from .errors import GateInputError, GateInterrupted, HostFailure, ReferenceFailure
 from .isolation import OFFLINE_ENV, VISIBLE, Isolation, make_isolation
+from .logit_scale import eos_gap_scale
 from .schema import CheckResult, DevBenchmarkResult, GateResult, Hashes, IsolationRecord
 from .snapshot import Snapshot, files_sha256, snapshot, tree_sha256
 from .speed import measure_speed
-from .logit_scale import eos_gap_scale
 from .timed import timed_checks
 from .workloads import load_gate_workloads, load_speed_workloads, read_model_limits
 

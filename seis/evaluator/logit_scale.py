@@ -35,6 +35,8 @@ def eos_gap_scale(model_dir: Path, eos_ids: list[int]) -> float:
     """sqrt(|w_eos|^2 + m^2) / (sqrt(2) m) for the largest EOS row, m the median output-row norm; at least 1."""
     import torch
 
+    if not eos_ids:
+        return 1.0
     rows, key = _output_matrix(Path(model_dir))
     vocab = rows.get_shape()[0]
     bad = [i for i in eos_ids if not 0 <= i < vocab]
@@ -42,7 +44,7 @@ def eos_gap_scale(model_dir: Path, eos_ids: list[int]) -> float:
         raise GateInputError(f"EOS ids {bad} are outside the output matrix {key} ({vocab} rows)")
     norms = torch.cat([rows[i:i + _CHUNK_ROWS].float().norm(dim=1) for i in range(0, vocab, _CHUNK_ROWS)])
     median = norms.median().item()
-    if not eos_ids or median <= 0:
+    if median <= 0:
         return 1.0
     eos = max(norms[i].item() for i in eos_ids)
     return max(1.0, math.sqrt(eos * eos + median * median) / (math.sqrt(2) * median))

@@ -52,6 +52,8 @@ def reuse_verdict(gate_config, session_dir: Path, retain_dir: Path) -> ReusedVer
     from ..evaluator.snapshot import snapshot
 
     root = _run_root(session_dir)
+    if not any((root / VERDICTS).glob("*.json")):  # nothing judged yet: no copy to hash
+        return None
     copy = Path(retain_dir).with_name(Path(retain_dir).name + ".reuse")
     shutil.rmtree(copy, ignore_errors=True)
     try:
