@@ -24,6 +24,14 @@ def fan_in(states: dict[str, ChainState], engine_dirs: dict[str, "object"]) -> d
 
 
 def pick_best(outcomes: list[SessionOutcome]) -> SessionOutcome | None:
-    """The retained engine with the highest dev speedup over vanilla (ties: earliest)."""
+    """The retained engine with the highest dev speedup over vanilla (ties: earliest), among those no retained
+    child measured itself at least as fast as.
+
+    Speedups over vanilla come from different gates, each with its own noise; a child's speedup over its parent
+    comes from one gate that timed both. So a parent that its own retained child matched or beat in that one run
+    is not the best, whatever the two gates' ratios over vanilla say."""
     kept = [o for o in outcomes if o.retained and o.dev_speedup_vs_vanilla is not None]
-    return max(kept, key=lambda o: o.dev_speedup_vs_vanilla, default=None)
+    outdone = {o.parent_snapshot for o in kept
+               if o.snapshot != o.parent_snapshot and (o.dev_speedup_vs_parent or 0.0) >= 1.0}
+    candidates = [o for o in kept if o.snapshot not in outdone]
+    return max(candidates, key=lambda o: o.dev_speedup_vs_vanilla, default=None)
