@@ -36,3 +36,12 @@ def test_ties_go_to_the_earliest_and_a_child_that_kept_its_parents_tree_outdoes_
     second = outcome("c1", 0, "e0", "b", 1.5, 1.5)
     same_tree = outcome("c0", 1, "a", "a", 1.4, 1.1)   # e.g. a fan-in that adopted nothing new
     assert pick_best([first, second, same_tree]) is first
+
+
+def test_a_lineage_that_returned_to_an_earlier_tree_still_has_a_best():
+    # a -> b beat a, then a later session went back to a's tree and beat b: neither is left out
+    a = outcome("c0", 0, "e0", "a", 1.8, 1.8)
+    b = outcome("c0", 1, "a", "b", 1.7, 1.02)
+    back_to_a = outcome("c0", 2, "b", "a", 1.9, 1.01)
+    weaker_elsewhere = outcome("c1", 0, "e0", "c", 1.2, 1.2)
+    assert pick_best([a, b, back_to_a, weaker_elsewhere]) is back_to_a

@@ -24,14 +24,25 @@ def fan_in(states: dict[str, ChainState], engine_dirs: dict[str, "object"]) -> d
 
 
 def pick_best(outcomes: list[SessionOutcome]) -> SessionOutcome | None:
-    """The retained engine with the highest dev speedup over vanilla (ties: earliest), among those no retained
-    child measured itself at least as fast as.
+    """The retained engine with the highest dev speedup over vanilla (ties: earliest), leaving out every engine
+    from which a path of retained children, each at least as fast as its parent in its own gate, leads to one
+    that no child outdid.
 
     Speedups over vanilla come from different gates, each with its own noise; a child's speedup over its parent
     comes from one gate that timed both. So a parent that its own retained child matched or beat in that one run
-    is not the best, whatever the two gates' ratios over vanilla say."""
+    is not the best, whatever the two gates' ratios over vanilla say. Engines on a loop of such steps (a later
+    session returned to an earlier tree) with no way off it stay in the choice."""
     kept = [o for o in outcomes if o.retained and o.dev_speedup_vs_vanilla is not None]
-    outdone = {o.parent_snapshot for o in kept
-               if o.snapshot != o.parent_snapshot and (o.dev_speedup_vs_parent or 0.0) >= 1.0}
-    candidates = [o for o in kept if o.snapshot not in outdone]
-    return max(candidates, key=lambda o: o.dev_speedup_vs_vanilla, default=None)
+    outdone_by = {(o.parent_snapshot, o.snapshot) for o in kept
+                  if o.snapshot != o.parent_snapshot and (o.dev_speedup_vs_parent or 0.0) >= 1.0}
+    unbeaten = {o.snapshot for o in kept} - {parent for parent, _ in outdone_by}
+    leads_to_unbeaten = set(unbeaten)
+    grew = True
+    while grew:
+        grew = False
+        for parent, child in outdone_by:
+            if child in leads_to_unbeaten and parent not in leads_to_unbeaten:
+                leads_to_unbeaten.add(parent)
+                grew = True
+    left_out = leads_to_unbeaten - unbeaten
+    return max((o for o in kept if o.snapshot not in left_out), key=lambda o: o.dev_speedup_vs_vanilla, default=None)
