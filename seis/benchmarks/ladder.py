@@ -80,11 +80,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=1, help="requests sent together in each timed call")
+    ap.add_argument("--max-batch-size", type=int, default=None,
+                    help="engine slots (default: --batch, at least 8); fewer than --batch queues the rest")
+    ap.add_argument("--max-seq-len", type=int, default=2048, help="engine context, which sizes its KV cache")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.batch < 1:
         raise SystemExit(f"--batch must be at least 1, not {args.batch}")
+    if args.max_batch_size is not None and args.max_batch_size < 1:
+        raise SystemExit(f"--max-batch-size must be at least 1, not {args.max_batch_size}")
+    if args.max_seq_len < args.prompt_len + args.new_tokens:
+        raise SystemExit(f"--max-seq-len {args.max_seq_len} is shorter than --prompt-len + --new-tokens "
+                         f"({args.prompt_len + args.new_tokens})")
 
     import torch
 
@@ -99,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     calls = [[torch.randint(0, min(vocab, 20000), (args.prompt_len,), generator=gen).tolist()
               for _ in range(args.batch)] for _ in range(args.reps + 1)]
     sampling = Sampling(max_new_tokens=args.new_tokens, ignore_eos=True)
-    options = {"max_batch_size": max(8, args.batch), "max_seq_len": 2048}
+    options = {"max_batch_size": args.max_batch_size or max(8, args.batch), "max_seq_len": args.max_seq_len}
     order = [n for n in args.order.split(",") if n]
     backends = [b for b in args.backends.split(",") if b]
     also = [[n for n in stack.split("+") if n] for stack in args.also.split(",") if stack]
