@@ -107,6 +107,29 @@ def test_environment_is_allow_listed(monkeypatch) -> None:
     assert seen["env"]["HF_HUB_OFFLINE"] == "1"
 
 
+def test_packages_on_the_operators_pythonpath_import_inside_but_the_checkout_stays_out(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    # `pip install --target DIR` + PYTHONPATH=DIR is how an optional kernel library (FlashInfer) may be installed;
+    # an engine must import it as the host does, or E0's `auto` falls back to another backend without a word.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "seis_probe_pkg.py").write_text("VALUE = 42\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(PROJECT_ROOT), str(site), str(tmp_path / "absent")]))
+    seen = run_probe("""
+        import json, os, sys
+        import seis_probe_pkg
+        try:
+            import seis.evaluator
+            evaluator = seis.evaluator.__file__
+        except ImportError:
+            evaluator = None
+        print(json.dumps({'value': seis_probe_pkg.VALUE, 'pythonpath': os.environ.get('PYTHONPATH'),
+                          'evaluator': evaluator, 'checkout': os.path.exists(%r)}))
+    """ % str(PROJECT_ROOT))
+    assert seen["value"] == 42 and seen["pythonpath"] == str(site)
+    assert seen["evaluator"] is None and not seen["checkout"]
+
+
 def test_no_network_and_no_host_sockets(tmp_path: Path) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -92,21 +92,41 @@ def _show(path: str, writable: bool = False) -> list[str]:
     return ["--bind" if writable else "--ro-bind", path, path]
 
 
+def _shown(raw: str, forbidden: tuple[Path, ...]) -> Path | None:
+    """raw resolved, if it exists and is neither inside nor above a forbidden path (the project checkout)."""
+    path = Path(raw).resolve()
+    if not path.exists() or any(_overlaps(path, f) for f in forbidden):
+        return None
+    return path
+
+
+def _operator_entries(var: str) -> list[str]:
+    return [p for p in os.environ.get(var, "").split(os.pathsep) if p]
+
+
 def python_paths(forbidden: tuple[Path, ...]) -> list[str]:
     """Where this interpreter and its packages live (a venv's base too), plus PYTHONPATH and library-path
     entries the operator set, except anything inside or above a forbidden path (the project checkout)."""
     found = [sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).resolve().parents[1])]
     for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "CPATH"):
-        found += [p for p in os.environ.get(var, "").split(os.pathsep) if p]
+        found += _operator_entries(var)
     out: list[str] = []
     for raw in found:
-        path = Path(raw).resolve()
-        if not path.exists() or str(path) in out or any(_overlaps(path, f) for f in forbidden):
+        path = _shown(raw, forbidden)
+        if path is None or str(path) in out:
             continue
         if any(str(path).startswith(s + "/") or str(path) == s for s in ("/usr", "/lib", "/lib64", "/bin")):
             continue  # already in the system view
         out.append(str(path))
     return sorted(out, key=len)  # parents before children
+
+
+def python_search_path(forbidden: tuple[Path, ...]) -> str:
+    """The operator's PYTHONPATH as the sandbox shows it: its entries that exist and are not forbidden, in order.
+    Packages installed with `pip install --target DIR` and found through PYTHONPATH=DIR (an optional kernel
+    library such as FlashInfer) import inside as outside; a checkout on PYTHONPATH stays out."""
+    kept = [str(p) for p in (_shown(raw, forbidden) for raw in _operator_entries("PYTHONPATH")) if p is not None]
+    return os.pathsep.join(dict.fromkeys(kept))
 
 
 def _overlaps(a: Path, b: Path) -> bool:
@@ -157,6 +177,8 @@ def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: in
     mounts += [(str(b.src), b.dest, b.writable) for b in policy.binds]
     args += _mounts(mounts)
     args += ["--chdir", policy.cwd, "--info-fd", str(info_fd), "--clearenv"]
-    for key, value in sorted(policy.env.items()):
+    search = python_search_path(forbidden)
+    env = {"PYTHONPATH": search, **policy.env} if search else policy.env
+    for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
     return [*args, "--", *user_switch(uid), *argv]
