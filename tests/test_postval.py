@@ -254,6 +254,7 @@ def test_e0_copy_against_vanilla_has_zero_delta_and_speedup_near_one(tiny_runs):
         assert set(info.build_s) == {"accuracy", "speed"} and all(v > 0 for v in info.build_s.values())
     assert any(n.startswith("speed phase: fresh engine processes") for n in r.notes)
     assert any("sandbox was frozen" in n for n in r.notes)
+    assert "vanilla E0's attention backend: torch" in r.notes  # on CPU E0 runs the torch path
 
 
 def test_every_repetition_times_prompts_its_process_has_not_seen(tiny_runs):
@@ -698,3 +699,23 @@ def test_smollm2_gsm8k_and_retrieval_e0_copy(tmp_path, e0_copy, prepared_dir):
     assert ret.vanilla_acc >= 50.0
     assert r.speed == [] and r.workloads == [] and r.bandwidth is None
     assert statistics.fmean(i.prompt_tokens for i in r.items if i.task == "gsm8k") > 50
+
+
+def test_the_notes_say_which_attention_vanilla_ran_and_warn_when_it_is_not_flashinfer_where_installed(monkeypatch):
+    import importlib.util
+
+    from seis.postval.run import vanilla_backend_note
+
+    real = importlib.util.find_spec
+    installed = {"flashinfer": True}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if installed[name] else None) if name == "flashinfer"
+                        else real(name, *a))
+    fell_back = vanilla_backend_note({"attention_backend": "triton"}, "cuda")
+    assert fell_back.startswith("vanilla E0's attention backend: triton although flashinfer is installed here")
+    assert vanilla_backend_note({"attention_backend": "flashinfer"}, "cuda") == \
+        "vanilla E0's attention backend: flashinfer"
+    assert vanilla_backend_note({"attention_backend": "torch"}, "cpu") == "vanilla E0's attention backend: torch"
+    installed["flashinfer"] = False
+    assert vanilla_backend_note({"attention_backend": "triton"}, "cuda") == "vanilla E0's attention backend: triton"
+    assert vanilla_backend_note({"attention_backend": 3}, "cuda") is None and vanilla_backend_note({}, "cuda") is None

@@ -100,6 +100,22 @@ def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[Engin
         raise RuntimeError(f"engine processes still running after close: {left}")
 
 
+def vanilla_backend_note(stats: dict, device: str) -> str | None:
+    """Which attention vanilla E0 ran, and a warning where FlashInfer is installed here but vanilla did not use it:
+    E0's `auto` falls back to Triton when its process cannot import FlashInfer, and then vanilla is not
+    mini-sglang's design (Triton attention is faster at one request and slower batched)."""
+    import importlib.util
+
+    backend = stats.get("attention_backend")
+    if not isinstance(backend, str):
+        return None
+    note = f"vanilla E0's attention backend: {backend}"
+    if device.startswith("cuda") and backend != "flashinfer" and importlib.util.find_spec("flashinfer") is not None:
+        note += (" although flashinfer is installed here: vanilla's engine process could not import it, so the "
+                 "baseline is not mini-sglang's FlashInfer design")
+    return note
+
+
 def measure(plan: Plan) -> PostValResult:
     from ..engine_host.client import Sampling
 
@@ -135,6 +151,9 @@ def measure(plan: Plan) -> PostValResult:
             if device == "cpu" and c.cpu_threads is None:
                 notes.append("CPU engines run multi-threaded: their timings swing with any other load on the "
                              "machine; --cpu-threads 1 gives steadier ratios")
+            baseline = vanilla_backend_note(stats["vanilla"], device)
+            if baseline:
+                notes.append(baseline)
         log.info("%s engines built on %s, context %d", phase, device, context)
         return context
 

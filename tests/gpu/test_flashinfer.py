@@ -88,3 +88,15 @@ def test_engine_with_flashinfer_agrees_with_triton_attention():
           f"verify vs score max |dlogp| {vdiff:.4f}")
     # bf16 rounding differs between the kernels and accumulates over 28 layers of a random model.
     assert diff < 0.05 and top1 >= 0.95 and vdiff < 0.15
+
+
+def test_e0_in_its_sandbox_picks_flashinfer_as_it_does_in_process():
+    # The gate's and post-validation's vanilla is E0 in its sandbox: if flashinfer imports here (also from a
+    # `pip install --target` directory on PYTHONPATH), E0's `auto` must find it there too, or vanilla silently
+    # becomes E0 with Triton attention.
+    from seis.engine_host import EngineProcess
+    options = {"device": "cuda", "dtype": "bfloat16", "max_batch_size": 4, "max_seq_len": 512}
+    # qwen3-0.6b-random: head_dim 128 (the tiny models' 16 is not a FlashInfer head size)
+    with EngineProcess(ENGINE_TEMPLATE, resolve_model("qwen3-0.6b-random"), options, timeout_s=600) as eng:
+        eng.build()
+        assert eng.stats()["attention_backend"] == "flashinfer"
