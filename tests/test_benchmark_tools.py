@@ -59,6 +59,7 @@ def test_a_batched_ladder_run_sends_every_request_of_a_call_together(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["batch"] == 3 and "3 request(s) at once" in done.stdout
+    assert "attention torch" in done.stdout  # which attention each engine ran (E0 on CPU: torch)
     for name in ("E0", "E0 + greedy-multistep-decode"):
         stats = result["engines"][name]["stats"]
         assert stats["generated_tokens"] == 3 * 3 * 24                      # (warm-up + 2 calls) x 3 requests

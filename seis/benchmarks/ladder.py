@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"{args.new_tokens} forced new tokens each, median (min–max) of {args.reps}, commit {result['commit']}:")
     for n, s in result["tok_per_s"].items():
         print(f"  {n:60s} {fmt_range(s)} tok/s  x{result['speedup_vs_e0'][n]['median']:.2f}  "
-              f"same-as-E0 prefix {min(agreement[n])}/{args.new_tokens}{_drafts(info[n]['stats'])}")
+              f"same-as-E0 prefix {min(agreement[n])}/{args.new_tokens}  "
+              f"attention {info[n]['stats'].get('attention_backend', '?')}{_drafts(info[n]['stats'])}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result
