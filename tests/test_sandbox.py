@@ -130,6 +130,31 @@ def test_packages_on_the_operators_pythonpath_import_inside_but_the_checkout_sta
     assert seen["evaluator"] is None and not seen["checkout"]
 
 
+def test_path_inside_holds_the_interpreters_tools_and_shown_operator_entries_only(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    # FlashInfer's JIT calls `ninja` (a venv's bin) and `nvcc` by PATH: the operator's entries that the sandbox
+    # shows stay on PATH; one it does not show, or the checkout's, does not.
+    site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    for d in (site / "bin", elsewhere / "bin"):
+        d.mkdir(parents=True)
+        tool = d / "seis-probe-tool"
+        tool.write_text(f"#!/bin/sh\necho {d.parent.name}\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PATH", os.pathsep.join([str(PROJECT_ROOT / "scripts"), str(elsewhere / "bin"),
+                                                str(site / "bin"), os.environ["PATH"]]))
+    seen = run_probe("""
+        import json, os, shutil, subprocess, sys
+        tool = shutil.which('seis-probe-tool')
+        print(json.dumps({'path': os.environ['PATH'].split(':'), 'interpreter_dir': os.path.dirname(sys.executable),
+                          'tool': tool, 'says': subprocess.run([tool], capture_output=True, text=True).stdout.strip()
+                          if tool else None}))
+    """)
+    assert seen["interpreter_dir"] in seen["path"] and str(site / "bin") in seen["path"]
+    assert str(elsewhere / "bin") not in seen["path"] and str(PROJECT_ROOT / "scripts") not in seen["path"]
+    assert seen["says"] == "site"
+
+
 def test_no_network_and_no_host_sockets(tmp_path: Path) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

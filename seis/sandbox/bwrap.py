@@ -129,6 +129,21 @@ def python_search_path(forbidden: tuple[Path, ...]) -> str:
     return os.pathsep.join(dict.fromkeys(kept))
 
 
+def search_path(forbidden: tuple[Path, ...]) -> str:
+    """PATH inside: the interpreter's directory (a venv's tools: the `ninja` that FlashInfer's JIT calls), the
+    operator's PATH entries that the sandbox shows (under the system view or the Python installation: where
+    `nvcc` may be), then the system's. Entries the sandbox does not show would only name missing directories."""
+    from .policy import SAFE_PATH
+
+    roots = [Path(r).resolve() for r in (*SYSTEM_DIRS, *python_paths(forbidden)) if Path(r).exists()]
+    kept: list[str] = []
+    for raw in (str(Path(sys.executable).parent), *_operator_entries("PATH"), *SAFE_PATH.split(":")):
+        path = _shown(raw, forbidden)
+        if path is not None and any(path == r or r in path.parents for r in roots):
+            kept.append(str(path))
+    return ":".join(dict.fromkeys(kept)) or SAFE_PATH
+
+
 def _overlaps(a: Path, b: Path) -> bool:
     b = b.resolve()
     return a == b or b in a.parents or a in b.parents

@@ -217,7 +217,7 @@ class SandboxedProcess:
             for b in self.policy.binds:
                 if b.writable:
                     _chown_tree(b.src, self.uid)
-        env = {"PATH": SAFE_PATH, "HOME": "/tmp/home", "USER": "sandbox", "LOGNAME": "sandbox",
+        env = {"PATH": bwrap.search_path(self.forbidden), "HOME": "/tmp/home", "USER": "sandbox", "LOGNAME": "sandbox",
                **self.policy.env}
         policy = dataclasses.replace(self.policy, env=env)
         read_fd, write_fd = os.pipe()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPolicy, SandboxUnavailable, allowed_env,
                          sandbox_gpus)
-from ...sandbox.policy import SAFE_PATH
+from ...sandbox.bwrap import search_path
 from ...workspace import PEERS_DIR, REPORTS_DIR
 
 WORKSPACE, MODEL, SEIS_FILES = "/workspace", "/model", "/seis"
@@ -51,13 +50,6 @@ def forbidden_paths() -> tuple[Path, ...]:
     root = project_root()
     gsm8k = Path(os.environ.get("SEIS_GSM8K_DIR") or root.parent / "shared" / "data" / "gsm8k")
     return tuple(p for p in (root, cache_dir(), gsm8k) if p.exists())
-
-
-def sandbox_path() -> str:
-    """PATH inside: the interpreter SEIS runs on first (its directory is part of the system view), then the
-    system's."""
-    here = str(Path(sys.executable).parent)
-    return f"{here}:{SAFE_PATH}" if here not in SAFE_PATH.split(":") else SAFE_PATH
 
 
 def cache_env(root: str = "/tmp/cache") -> dict[str, str]:
@@ -86,7 +78,8 @@ class AgentSandbox:
             binds.append(Bind(Path(self.model_dir).resolve(), MODEL))
         for name, path in (files or {}).items():
             binds.append(Bind(Path(path), f"{SEIS_FILES}/{name}"))
-        full_env = {**allowed_env(), **cache_env(), "PATH": sandbox_path(), "HOME": SCRATCH_HOME, "TERM": "dumb",
+        full_env = {**allowed_env(), **cache_env(), "PATH": search_path(forbidden_paths()), "HOME": SCRATCH_HOME,
+                    "TERM": "dumb",
                     "SEIS_WORKSPACE": WORKSPACE, **({"SEIS_MODEL_DIR": MODEL} if self.model_dir else {}),
                     **(env or {})}
         gpus, full_env = sandbox_gpus(self.device, full_env)  # only the session's GPUs exist inside
