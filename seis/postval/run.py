@@ -103,7 +103,7 @@ def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[Engin
 def vanilla_backend_note(stats: dict, device: str) -> str | None:
     """Which attention vanilla E0 ran, and a warning where FlashInfer is installed here but vanilla did not use it:
     E0's `auto` falls back to Triton when its process cannot import FlashInfer, and then vanilla is not
-    mini-sglang's design (Triton attention is faster at one request and slower batched)."""
+    mini-sglang's design."""
     import importlib.util
 
     backend = stats.get("attention_backend")

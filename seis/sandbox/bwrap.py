@@ -192,8 +192,6 @@ def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: in
     mounts += [(str(b.src), b.dest, b.writable) for b in policy.binds]
     args += _mounts(mounts)
     args += ["--chdir", policy.cwd, "--info-fd", str(info_fd), "--clearenv"]
-    search = python_search_path(forbidden)
-    env = {"PYTHONPATH": search, **policy.env} if search else policy.env
-    for key, value in sorted(env.items()):
+    for key, value in sorted(policy.env.items()):
         args += ["--setenv", key, value]
     return [*args, "--", *user_switch(uid), *argv]

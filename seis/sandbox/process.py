@@ -217,7 +217,9 @@ class SandboxedProcess:
             for b in self.policy.binds:
                 if b.writable:
                     _chown_tree(b.src, self.uid)
-        env = {"PATH": bwrap.search_path(self.forbidden), "HOME": "/tmp/home", "USER": "sandbox", "LOGNAME": "sandbox",
+        # where programs and packages are found: the operator's PATH and PYTHONPATH as far as the sandbox shows them
+        found = {"PATH": bwrap.search_path(self.forbidden), "PYTHONPATH": bwrap.python_search_path(self.forbidden)}
+        env = {**{k: v for k, v in found.items() if v}, "HOME": "/tmp/home", "USER": "sandbox", "LOGNAME": "sandbox",
                **self.policy.env}
         policy = dataclasses.replace(self.policy, env=env)
         read_fd, write_fd = os.pipe()

@@ -30,7 +30,6 @@ from pathlib import Path
 
 from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPolicy, SandboxUnavailable, allowed_env,
                          sandbox_gpus)
-from ...sandbox.bwrap import search_path
 from ...workspace import PEERS_DIR, REPORTS_DIR
 
 WORKSPACE, MODEL, SEIS_FILES = "/workspace", "/model", "/seis"
@@ -78,10 +77,9 @@ class AgentSandbox:
             binds.append(Bind(Path(self.model_dir).resolve(), MODEL))
         for name, path in (files or {}).items():
             binds.append(Bind(Path(path), f"{SEIS_FILES}/{name}"))
-        full_env = {**allowed_env(), **cache_env(), "PATH": search_path(forbidden_paths()), "HOME": SCRATCH_HOME,
-                    "TERM": "dumb",
-                    "SEIS_WORKSPACE": WORKSPACE, **({"SEIS_MODEL_DIR": MODEL} if self.model_dir else {}),
-                    **(env or {})}
+        # PATH: the sandbox's own (the interpreter's directory, the operator's entries it shows, the system's)
+        full_env = {**allowed_env(), **cache_env(), "HOME": SCRATCH_HOME, "TERM": "dumb", "SEIS_WORKSPACE": WORKSPACE,
+                    **({"SEIS_MODEL_DIR": MODEL} if self.model_dir else {}), **(env or {})}
         gpus, full_env = sandbox_gpus(self.device, full_env)  # only the session's GPUs exist inside
         return SandboxPolicy(tuple(binds), full_env, cwd=WORKSPACE, gpus=gpus, limits=self.limits,
                              network=network or "none")
