@@ -701,10 +701,10 @@ def test_smollm2_gsm8k_and_retrieval_e0_copy(tmp_path, e0_copy, prepared_dir):
     assert statistics.fmean(i.prompt_tokens for i in r.items if i.task == "gsm8k") > 50
 
 
-def test_the_notes_say_which_attention_vanilla_ran_and_warn_when_it_is_not_flashinfer_where_installed(monkeypatch):
+def test_reports_say_which_attention_vanilla_ran_and_warn_when_it_is_not_flashinfer_where_installed(monkeypatch):
     import importlib.util
 
-    from seis.postval.run import vanilla_backend_note
+    from seis.engine_host.attention import baseline_attention as vanilla_backend_note
 
     real = importlib.util.find_spec
     installed = {"flashinfer": True}

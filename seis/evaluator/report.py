@@ -1,6 +1,7 @@
 """Plain-text rendering of gate results and speed tables (for terminals and report.md)."""
 from __future__ import annotations
 
+from ..engine_host.attention import baseline_attention
 from .schema import CheckResult, DevBenchmarkResult, GateResult, SpeedStat, SpeedTable
 
 
@@ -44,13 +45,6 @@ def render_speed(table: SpeedTable) -> list[str]:
     return lines + errors
 
 
-def _vanilla_attention(result: GateResult) -> str:
-    """What the baseline ran (vanilla is trusted; a candidate's stats are not shown here): E0's `auto` falls back
-    from FlashInfer to Triton where its process cannot import FlashInfer, which changes the baseline."""
-    backend = result.engine_stats.get("vanilla", {}).get("attention_backend")
-    return backend if isinstance(backend, str) else "unknown"
-
-
 def render_gate(result: GateResult) -> str:
     iso = result.isolation
     lines = [
@@ -58,7 +52,8 @@ def render_gate(result: GateResult) -> str:
         f"{result.reference} (tree {result.hashes.reference_tree[:12]})",
         f"model {result.model} on {result.device}; wall {result.wall_s:.1f} s; sandbox: {iso.sandbox}; "
         f"memory {iso.memory_limit}",
-        f"vanilla's attention backend: {_vanilla_attention(result)}",
+        baseline_attention(result.engine_stats.get("vanilla", {}), result.device)
+        or "vanilla E0's attention backend: unknown",
         "",
         "Correctness (candidate vs reference):",
         *render_checks(result.checks),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine_host.affinity import pinned_together
+from ..engine_host.attention import baseline_attention
 from ..engine_host.gpu_idle import GpuIdle
 from .accuracy import (
     Output,
@@ -100,22 +101,6 @@ def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[Engin
         raise RuntimeError(f"engine processes still running after close: {left}")
 
 
-def vanilla_backend_note(stats: dict, device: str) -> str | None:
-    """Which attention vanilla E0 ran, and a warning where FlashInfer is installed here but vanilla did not use it:
-    E0's `auto` falls back to Triton when its process cannot import FlashInfer, and then vanilla is not
-    mini-sglang's design."""
-    import importlib.util
-
-    backend = stats.get("attention_backend")
-    if not isinstance(backend, str):
-        return None
-    note = f"vanilla E0's attention backend: {backend}"
-    if device.startswith("cuda") and backend != "flashinfer" and importlib.util.find_spec("flashinfer") is not None:
-        note += (" although flashinfer is installed here: vanilla's engine process could not import it, so the "
-                 "baseline is not mini-sglang's FlashInfer design")
-    return note
-
-
 def measure(plan: Plan) -> PostValResult:
     from ..engine_host.client import Sampling
 
@@ -151,7 +136,7 @@ def measure(plan: Plan) -> PostValResult:
             if device == "cpu" and c.cpu_threads is None:
                 notes.append("CPU engines run multi-threaded: their timings swing with any other load on the "
                              "machine; --cpu-threads 1 gives steadier ratios")
-            baseline = vanilla_backend_note(stats["vanilla"], device)
+            baseline = baseline_attention(stats["vanilla"], device)
             if baseline:
                 notes.append(baseline)
         log.info("%s engines built on %s, context %d", phase, device, context)
