@@ -366,7 +366,7 @@ def test_cli_exit_codes(prepared: Path, tmp_path: Path) -> None:
                               "--quick", "--prepared-dir", str(prepared), "--json", str(out)])
     assert res.exit_code == 1, res.output
     assert "VERDICT: FAIL" in res.output and "dev.lengths" in res.output
-    assert "vanilla's attention backend: torch" in res.output  # E0 on CPU
+    assert "vanilla E0's attention backend: torch" in res.output  # E0 on CPU
     assert GateResult.model_validate_json(out.read_text()).verdict == "fail"
 
 
