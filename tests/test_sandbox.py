@@ -114,6 +114,9 @@ def test_packages_on_the_operators_pythonpath_import_inside_but_the_checkout_sta
     site = tmp_path / "site"
     site.mkdir()
     (site / "seis_probe_pkg.py").write_text("VALUE = 42\n")
+    # world-writable on the host: only the sandbox's read-only mount stands between a hostile engine and them
+    site.chmod(0o777)
+    (site / "seis_probe_pkg.py").chmod(0o666)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(PROJECT_ROOT), str(site), str(tmp_path / "absent")]))
     seen = run_probe("""
         import json, os, sys
@@ -123,11 +126,22 @@ def test_packages_on_the_operators_pythonpath_import_inside_but_the_checkout_sta
             evaluator = seis.evaluator.__file__
         except ImportError:
             evaluator = None
+        # a hostile engine plants a module where the host's own processes import from, or edits one there
+        planted = []
+        for target in (os.path.join(%r, 'sitecustomize.py'), seis_probe_pkg.__file__):
+            try:
+                with open(target, 'a') as f:
+                    f.write('import os\\n')
+                planted.append(target)
+            except OSError:
+                pass
         print(json.dumps({'value': seis_probe_pkg.VALUE, 'pythonpath': os.environ.get('PYTHONPATH'),
-                          'evaluator': evaluator, 'checkout': os.path.exists(%r)}))
-    """ % str(PROJECT_ROOT))
+                          'evaluator': evaluator, 'checkout': os.path.exists(%r), 'planted': planted}))
+    """ % (str(site), str(PROJECT_ROOT)))
     assert seen["value"] == 42 and seen["pythonpath"] == str(site)
     assert seen["evaluator"] is None and not seen["checkout"]
+    assert seen["planted"] == [] and sorted(p.name for p in site.iterdir()) == ["seis_probe_pkg.py"]
+    assert (site / "seis_probe_pkg.py").read_text() == "VALUE = 42\n"
 
 
 def test_path_inside_holds_the_interpreters_tools_and_shown_operator_entries_only(tmp_path: Path,
