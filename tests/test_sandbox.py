@@ -169,6 +169,22 @@ def test_path_inside_holds_the_interpreters_tools_and_shown_operator_entries_onl
     assert seen["says"] == "site"
 
 
+def test_the_system_view_is_reachable_whatever_the_callers_umask(tmp_path: Path) -> None:
+    # Under umask 077, directories bwrap makes on its own come out 0700: /etc would hide the loader cache and
+    # /etc/alternatives (where /usr/local/cuda points), so nvcc could not run. The sandbox does not depend on it.
+    old = os.umask(0o077)
+    try:
+        seen = run_probe("""
+            import json, os, stat
+            print(json.dumps({p: stat.S_IMODE(os.stat(p).st_mode) for p in ('/', '/etc', '/tmp', '/tmp/home')}
+                             | {'cache': os.access('/etc/ld.so.cache', os.R_OK)}))
+        """)
+    finally:
+        os.umask(old)
+    assert seen["cache"] is True
+    assert seen["/etc"] == 0o755 and seen["/"] & 0o005 == 0o005 and seen["/tmp/home"] == 0o1777
+
+
 def test_no_network_and_no_host_sockets(tmp_path: Path) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

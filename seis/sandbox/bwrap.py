@@ -150,7 +150,9 @@ def _overlaps(a: Path, b: Path) -> bool:
 
 
 def system_args() -> list[str]:
-    args: list[str] = []
+    # /etc is made here, not implied by its first bind: bwrap would make it with the caller's umask (0700 under
+    # umask 077), leaving the sandbox user unable to reach the loader cache or /etc/alternatives (/usr/local/cuda)
+    args: list[str] = ["--perms", "0755", "--dir", "/etc"]
     for d in SYSTEM_DIRS:
         args += _show(d)
     for name in ETC_FILES:
