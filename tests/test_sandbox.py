@@ -151,6 +151,8 @@ def test_path_inside_holds_the_interpreters_tools_and_shown_operator_entries_onl
     site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     for d in (site / "bin", elsewhere / "bin"):
         d.mkdir(parents=True)
+        for made in (d.parent, d):  # as an operator's install would be, whatever the umask of this test run
+            made.chmod(0o755)
         tool = d / "seis-probe-tool"
         tool.write_text(f"#!/bin/sh\necho {d.parent.name}\n")
         tool.chmod(0o755)
@@ -183,6 +185,34 @@ def test_the_system_view_is_reachable_whatever_the_callers_umask(tmp_path: Path)
         os.umask(old)
     assert seen["cache"] is True
     assert seen["/etc"] == 0o755 and seen["/"] & 0o005 == 0o005 and seen["/tmp/home"] == 0o1777
+
+
+def test_a_read_only_tree_written_under_umask_077_is_readable_inside(tmp_path: Path) -> None:
+    # A stored engine tree written under umask 077 is 0700/0600 root's: shown read-only, the sandbox's own user
+    # must still read it (and run what is executable), and still must not write it.
+    old = os.umask(0o077)
+    try:
+        tree = tmp_path / "tree"
+        (tree / "engine").mkdir(parents=True)
+        (tree / "engine" / "model.py").write_text("WEIGHTS = 1\n")
+        tool = tree / "run.sh"
+        tool.write_text("#!/bin/sh\necho ran\n")
+        tool.chmod(0o700)
+        seen = run_probe("""
+            import json, subprocess
+            text = open('/engine/engine/model.py').read()
+            ran = subprocess.run(['/engine/run.sh'], capture_output=True, text=True).stdout.strip()
+            try:
+                open('/engine/engine/model.py', 'a').write('x')
+                wrote = True
+            except OSError:
+                wrote = False
+            print(json.dumps({'text': text, 'ran': ran, 'wrote': wrote}))
+        """, SandboxPolicy(binds=(Bind(tree, "/engine"),), env=allowed_env()))
+    finally:
+        os.umask(old)
+    assert seen == {"text": "WEIGHTS = 1\n", "ran": "ran", "wrote": False}
+    assert (tree / "engine" / "model.py").read_text() == "WEIGHTS = 1\n"
 
 
 def test_no_network_and_no_host_sockets(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -217,6 +218,8 @@ class SandboxedProcess:
             for b in self.policy.binds:
                 if b.writable:
                     _chown_tree(b.src, self.uid)
+                else:
+                    _readable_by_others(b.src)
         # where programs and packages are found: the operator's PATH and PYTHONPATH as far as the sandbox shows them
         found = {"PATH": bwrap.search_path(self.forbidden), "PYTHONPATH": bwrap.python_search_path(self.forbidden)}
         env = {**{k: v for k, v in found.items() if v}, "HOME": "/tmp/home", "USER": "sandbox", "LOGNAME": "sandbox",
@@ -379,6 +382,25 @@ def _chown_tree(root: Path, uid: int) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+
+
+def _readable_by_others(root: Path) -> None:
+    """As root the sandbox's user is "other" to every host file, so what a read-only bind shows must be readable
+    (directories searchable, executables executable) by others, whatever umask it was written under: under 077 a
+    stored engine tree would otherwise be shown but unreadable. Contents, owners and tree hashes stay as they were."""
+    def widen(path: str) -> None:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return
+        mode = stat.S_IMODE(st.st_mode)
+        want = mode | stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(st.st_mode) or mode & stat.S_IXUSR else 0)
+        if want != mode:
+            os.chmod(path, want, follow_symlinks=False)
+
+    widen(str(root))
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            widen(os.path.join(dirpath, name))
 
 
 @contextmanager
