@@ -397,6 +397,7 @@ def _readable_by_others(root: Path) -> None:
         if want != mode:
             os.chmod(path, want, follow_symlinks=False)
 
+    root = Path(root).resolve()  # bwrap shows a bind's target: widen that, not a link to it
     widen(str(root))
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
