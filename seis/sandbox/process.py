@@ -395,7 +395,10 @@ def _readable_by_others(root: Path) -> None:
         mode = stat.S_IMODE(st.st_mode)
         want = mode | stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(st.st_mode) or mode & stat.S_IXUSR else 0)
         if want != mode:
-            os.chmod(path, want, follow_symlinks=False)
+            try:
+                os.chmod(path, want, follow_symlinks=False)
+            except OSError:  # a read-only or foreign file: the process inside reports what it cannot read
+                pass
 
     root = Path(root).resolve()  # bwrap shows a bind's target: widen that, not a link to it
     widen(str(root))
