@@ -215,6 +215,31 @@ def test_a_read_only_tree_written_under_umask_077_is_readable_inside(tmp_path: P
     assert (tree / "engine" / "model.py").read_text() == "WEIGHTS = 1\n"
 
 
+def test_links_in_a_read_only_tree_do_not_widen_what_they_point_to(tmp_path: Path) -> None:
+    # A hostile tree may carry links to private host files, hoping the host's widening of read-only binds
+    # follows them: the files linked to keep their modes, and inside they do not exist.
+    secret_dir = tmp_path / "private"
+    secret_dir.mkdir(mode=0o700)
+    secret = secret_dir / "key"
+    secret.write_text("sk-canary\n")
+    secret.chmod(0o600)
+    tree = tmp_path / "tree"
+    (tree / "engine").mkdir(parents=True)
+    (tree / "engine" / "key").symlink_to(secret)
+    (tree / "engine" / "private").symlink_to(secret_dir)
+    seen = run_probe("""
+        import json
+        def read(p):
+            try:
+                return open(p).read()
+            except OSError as e:
+                return type(e).__name__
+        print(json.dumps({'file': read('/engine/engine/key'), 'dir': read('/engine/engine/private/key')}))
+    """, SandboxPolicy(binds=(Bind(tree, "/engine"),), env=allowed_env()))
+    assert "sk-canary" not in json.dumps(seen)
+    assert secret.stat().st_mode & 0o777 == 0o600 and secret_dir.stat().st_mode & 0o777 == 0o700
+
+
 def test_no_network_and_no_host_sockets(tmp_path: Path) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
