@@ -1,6 +1,10 @@
-"""Shared fixtures: prepared models and the vanilla engine package (E0)."""
+"""Shared fixtures: prepared models, the vanilla engine package (E0), a process standing in for an engine."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,3 +29,17 @@ def prepared_dir() -> Path:
         return ensure_prepared()
     except WorkloadDataError as e:  # no GSM8K source on this machine (../shared/data/gsm8k or $SEIS_GSM8K_DIR)
         pytest.skip(f"no prepared workloads and no GSM8K source: {e}")
+
+
+@pytest.fixture
+def engine_pid() -> Iterator[int]:
+    """The pid of an idle child process, for tests that watch how engine processes are pinned. Needs two CPUs:
+    with one, pinned and unpinned look the same."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: a pinned mask cannot be told from an unpinned one")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()

@@ -214,6 +214,8 @@ SPEED_ATTACKS = [n for n, c in CANDIDATES.items() if c.kind == "speed"]
 def test_speed_attack_gains_nothing(name: str, arena: Arena, tmp_path: Path) -> None:
     assert_gains_nothing(_gate_in_process(arena, name, tmp_path),
                          again=lambda: _gate_in_process(arena, name, tmp_path / "again"))
+    # the candidate's compile cache is its own: nothing it kept there reaches the reference's (output_cache tries)
+    assert not list((cache_dir() / "engine-cache").rglob(CACHE_NAME))
 
 
 # --- contract breaches the speed workloads cannot show ---------------------------------------------------------

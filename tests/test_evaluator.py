@@ -217,6 +217,35 @@ def test_speed_interleaves_per_request_and_pairs_ratios() -> None:
     assert rows["parent"].vs_vanilla == pytest.approx(1.0, rel=0.25)
 
 
+def test_gate_warm_ups_run_on_every_cpu_and_only_timed_requests_share_one(engine_pid) -> None:
+    """First calls compile kernels, and FlashInfer's nvcc and ninja inherit the caller's CPU mask: the gate's
+    warm-ups run unpinned, its timed requests with every engine on one CPU."""
+    from seis.engine_host.client import Sampling
+    from seis.evaluator.speed import measure_speed
+    from seis.evaluator.workloads import PromptSet, SpeedWorkload
+
+    everywhere = os.sched_getaffinity(engine_pid)
+    masks: dict[str, list[set[int]]] = {"warm": [], "timed": []}
+
+    class Watched(_ScriptedEngine):
+        def pids(self) -> list[int]:
+            return [engine_pid]
+
+        def generate(self, prompts, sampling):
+            masks["warm" if prompts[0] == [-1] else "timed"].append(os.sched_getaffinity(engine_pid))
+            return super().generate(prompts, sampling)
+
+    log: list[str] = []
+    engines = {n: Watched(n, 0.001, log) for n in ("candidate", "parent", "vanilla")}
+    warm = PromptSet("warm", ("w",), ([-1],), (Sampling(max_new_tokens=8),))
+    timed = PromptSet("rep0", ("a",), ([1],), (Sampling(max_new_tokens=8),))
+    wl = SpeedWorkload("dev-natural@1", "d", warm, (timed, timed))
+    table, _ = measure_speed(engines, (wl, wl), SpeedConfig(), device="cpu")
+    assert len(masks["warm"]) == 6 and all(m == everywhere for m in masks["warm"])
+    assert len(masks["timed"]) == 12 and all(m == {table.pinned_cpu} for m in masks["timed"])
+    assert table.pinned_cpu == max(os.sched_getaffinity(0)) and os.sched_getaffinity(engine_pid) == everywhere
+
+
 def test_timed_processes_share_one_cpu_and_get_their_masks_back() -> None:
     import subprocess
     import sys

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from seis.engine_import import ENGINE_TEMPLATE
+from seis.models.cache import cache_dir
 from seis.postval import PostValError, PostValResult, make_config, plot_chain_speedups, run_post_validation
 from seis.postval.accuracy import (
     Output,
@@ -57,8 +59,19 @@ TINY = dict(model="tiny-qwen3", device="cpu", cpu_threads=1, gsm8k_items=6, retr
 
 
 # Hostile candidates: E0 with engine/__init__.py extended (the sandboxed worker imports the package).
+ADV_CACHE_FILE = "seis-adv-output-cache.pkl"   # where OUTPUT_CACHE keeps its answers, in its compile cache
 OUTPUT_CACHE = """
-_adv_cache, _adv_hits = {}, {}
+import os as _adv_os
+import pickle as _adv_pickle
+
+# kept in memory and in the compile cache (writable, and where a careless host would keep it for the next process)
+_adv_file = _adv_os.path.join(_adv_os.environ.get("XDG_CACHE_HOME", "/nonexistent"), "seis-adv-output-cache.pkl")
+try:
+    with open(_adv_file, "rb") as _f:
+        _adv_cache = _adv_pickle.load(_f)
+except (OSError, ValueError, EOFError):
+    _adv_cache = {}
+_adv_loaded, _adv_hits = len(_adv_cache), {}
 _adv_generate, _adv_stats = Engine.generate, Engine.stats
 
 
@@ -73,11 +86,17 @@ def _adv_cached(self, prompts, sampling=None):
     if miss:
         for i, g in zip(miss, _adv_generate(self, [prompts[i] for i in miss], [params[i] for i in miss])):
             _adv_cache[keys[i]] = g
+        try:
+            with open(_adv_file, "wb") as f:
+                _adv_pickle.dump(_adv_cache, f)
+        except OSError:
+            pass
     return [_adv_cache[k] for k in keys]
 
 
 Engine.generate = _adv_cached
-Engine.stats = lambda self: {**_adv_stats(self), "adv_cache_hits": {str(k): v for k, v in _adv_hits.items()}}
+Engine.stats = lambda self: {**_adv_stats(self), "adv_cache_hits": {str(k): v for k, v in _adv_hits.items()},
+                             "adv_cache_loaded": _adv_loaded}
 """
 
 BATCH_OF_ONE = """
@@ -463,6 +482,31 @@ def test_the_other_engine_is_frozen_while_one_is_timed():
     assert not engines["vanilla"].box.frozen  # thawed on errors too
 
 
+def test_warm_ups_run_on_every_cpu_and_only_the_timed_sets_share_one(engine_pid):
+    """First calls compile kernels (FlashInfer's JIT runs nvcc and ninja, which inherit the caller's CPU mask):
+    warm-ups must not be pinned; the timed sets are, all engines on one CPU, and the masks come back after."""
+    from types import SimpleNamespace
+
+    from seis.engine_host.client import Sampling
+    from seis.postval.run import time_sets
+
+    everywhere = os.sched_getaffinity(engine_pid)
+    log: list = []
+    engines = {"candidate": _Engine(log, "candidate"), "vanilla": _Engine(log, "vanilla")}
+    engines["candidate"].other, engines["vanilla"].other = engines["vanilla"], engines["candidate"]
+    warm_masks: list[set[int]] = []
+    for e in engines.values():
+        e.pids = lambda: [engine_pid]
+        answer = e.generate
+        e.generate = lambda prompts, s, answer=answer: warm_masks.append(os.sched_getaffinity(engine_pid)) or \
+            answer(prompts, s)
+    sets = [SimpleNamespace(warmup=[SimpleNamespace(tokens=(1, 2))]), SimpleNamespace(warmup=[])]
+    timed, cpu = time_sets(engines, sets, Sampling, lambda ts: os.sched_getaffinity(engine_pid))
+    assert len(warm_masks) == 4 and all(m == everywhere for m in warm_masks)  # 2 warm-up calls per engine, one set
+    assert cpu == max(os.sched_getaffinity(0)) and timed == [{cpu}, {cpu}]
+    assert os.sched_getaffinity(engine_pid) == everywhere
+
+
 def test_each_timed_pass_starts_on_an_idle_gpu():
     """A frozen engine's queued kernels still run: every pass waits for the GPU first (after the other engine is
     frozen), and passes that began on a GPU still busy after the wait's limit flag their row."""
@@ -563,14 +607,18 @@ HOSTILE = dict(TINY, gsm8k_items=2, retrieval_items=0, figures=False)
 
 
 def test_an_output_cache_gains_nothing(tmp_path, prepared_dir):
-    """A candidate that caches (prompt, sampling) -> output: the speed phase's processes are fresh, so the
-    accuracy prompts never reach them, and no repetition or mode repeats a prompt: no timed request hits."""
+    """A candidate that caches (prompt, sampling) -> output, in memory and in its compile cache: the speed phase's
+    processes and caches are fresh, so the accuracy prompts never reach them, and no repetition or mode repeats a
+    prompt: no timed request hits."""
     cand = hostile(tmp_path / "cache", OUTPUT_CACHE)
     r = run_post_validation(make_config(engine_dir=cand, out_dir=tmp_path / "out", prepared_dir=prepared_dir,
                                         bandwidth_gbs=10.0, **HOSTILE))
     hits = r.engines["candidate"].stats["after"]["adv_cache_hits"]
     timed_lengths = {str(c.max_new_tokens) for c in r.speed + r.workloads}
     assert not timed_lengths & set(hits), hits  # only the (untimed, 8-token) warm-ups repeat
+    # what it kept in its compile cache during the accuracy phase never reached the speed phase, nor vanilla's cache
+    assert r.engines["candidate"].stats["after"]["adv_cache_loaded"] == 0
+    assert not list((cache_dir() / "engine-cache").rglob(ADV_CACHE_FILE))
     assert statistics.geometric_mean(_speedups(r)) < 1.5  # cached answers would be many times faster
     assert not r.timed_flagged and all(c.timed.identical_frac == 1.0 and c.timed.valid_frac == 1.0
                                        for c in r.speed + r.workloads)

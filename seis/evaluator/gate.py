@@ -101,21 +101,11 @@ def _setup(config: GateConfig, tmp: Path, roles: dict[str, Path | None]) -> _Set
 
 
 def _cache_dir(setup: _Setup, role: str, trusted: bool) -> Path:
-    """JIT caches (Triton, FlashInfer): a trusted engine keeps its own across gates, keyed by its tree; an
-    untrusted one gets a fresh directory seeded with a copy of the reference's, which it can fill but never
-    hand on to anything trusted."""
-    from ..models.cache import cache_dir
+    """A trusted engine's JIT cache persists across gates; an untrusted one's is private (engine_host.jit_cache)."""
+    from ..engine_host.jit_cache import private_cache, trusted_cache
     ref = setup.snaps.get("vanilla")
-    trusted_dir = cache_dir() / "engine-cache" / (ref.sha256[:16] if ref else "none")
-    if trusted:
-        trusted_dir.mkdir(parents=True, exist_ok=True)
-        return trusted_dir
-    own = setup.cache_root / f"cache-{role}"
-    if trusted_dir.is_dir():
-        shutil.copytree(trusted_dir, own, symlinks=True)
-    else:
-        own.mkdir()
-    return own
+    shared = trusted_cache(ref.sha256 if ref else "none")
+    return shared if trusted else private_cache(setup.cache_root / f"cache-{role}", shared)
 
 
 def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[str]) -> dict[str, EngineHandle]:

@@ -74,9 +74,12 @@ def _paired_ratio(a: list[list[Timing]], b: list[list[Timing]]) -> float:
 def measure_speed(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], cfg: SpeedConfig,
                   device: str) -> tuple[SpeedTable, TimedOutputs]:
     """engines: name -> handle (candidate, parent, vanilla); the rotation starts with the first. The engine
-    processes share one CPU while they are timed (seis.engine_host.affinity says why)."""
+    processes share one CPU while they are timed (seis.engine_host.affinity says why), and only then: the
+    warm-ups run first, unpinned, because first calls compile kernels (FlashInfer's JIT starts nvcc and ninja,
+    which would inherit a one-CPU mask and compile many times slower)."""
     pids = [pid for h in engines.values() for pid in h.pids()]
     idle = GpuIdle(device)
+    _warm_up(engines, workloads, idle)
     with pinned_together(pids) as cpu:
         table, timed = _measure(engines, workloads, cfg, device, idle)
     return table.model_copy(update={"pinned_cpu": cpu, "prompt_nonce": workloads[0].nonce if workloads else "",
@@ -85,16 +88,21 @@ def measure_speed(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorklo
                                     "gpu_never_idle": idle.never_idle}), timed
 
 
+def _warm_up(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], idle: GpuIdle) -> None:
+    """Every workload's untimed prompts on every engine, one engine at a time as when timed."""
+    for wl in workloads:
+        for prompt, sampling in zip(wl.warmup.prompt_lists(), wl.warmup.sampling):
+            for name, engine in engines.items():
+                if engine.usable:
+                    _timed_request(engine, [e for n, e in engines.items() if n != name], idle, prompt, sampling)
+
+
 def _measure(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], cfg: SpeedConfig,
              device: str, idle: GpuIdle) -> tuple[SpeedTable, TimedOutputs]:
     rows: list[SpeedRow] = []
     names = list(engines)
     timed = TimedOutputs()
     for wl in workloads:
-        for prompt, sampling in zip(wl.warmup.prompt_lists(), wl.warmup.sampling):
-            for name, engine in engines.items():
-                if engine.usable:
-                    _timed_request(engine, [e for n, e in engines.items() if n != name], idle, prompt, sampling)
         passes: dict[str, list[list[Timing]]] = {n: [] for n in names}  # per repetition, per request
         outs: dict[str, list[list[GenerationOut | None]]] = {n: [] for n in names}
         failed: dict[str, str] = {}

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -74,17 +75,26 @@ def _int_stat(stats: dict, key: str, default: int) -> int:
 @contextmanager
 def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[EngineName, float]]]:
     """Both engines started and built at once (independent processes); yields (engines, build replies, seconds
-    from start to built per engine). On exit both are closed: their whole sandboxes killed, nothing left."""
+    from start to built per engine). On exit both are closed: their whole sandboxes killed, nothing left.
+
+    Compile caches (engine_host.jit_cache): vanilla keeps its own on this machine (the gate's, for the same
+    tree); the candidate gets a copy of it for this phase only, so nothing it wrote in one phase reaches the next."""
     from ..engine_host import EngineProcess
+    from ..engine_host.jit_cache import private_cache, trusted_cache
+    from ..evaluator.snapshot import tree_sha256
 
     c = plan.config
     opts, env = plan.engine_options(), c.engine_env()
     dirs = {"candidate": c.engine_dir, "vanilla": c.vanilla_dir}
     engines: dict[EngineName, EngineProcess] = {}
     with ExitStack() as stack:
+        shared = trusted_cache(tree_sha256(c.vanilla_dir))
+        own = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"seis-postval-{phase}-")))
+        caches = {"vanilla": shared, "candidate": private_cache(own / "cache", shared)}
         t0 = time.perf_counter()
         for n in ENGINES:
-            engines[n] = stack.enter_context(EngineProcess(dirs[n], plan.model_dir, opts, c.timeout_s, env))
+            engines[n] = stack.enter_context(EngineProcess(dirs[n], plan.model_dir, opts, c.timeout_s, env,
+                                                           cache_dir=caches[n]))
 
         def build(n: EngineName) -> tuple[Any, float]:
             reply = engines[n].build()
@@ -199,18 +209,14 @@ def measure(plan: Plan) -> PostValResult:
             idle = GpuIdle(device)
             if sp.sets:
                 bandwidth, bound = _bandwidth(plan, built, device, notes)
-                with pinned_together([pid for n in ENGINES for pid in engines[n].pids()]) as cpu:
-                    notes.append(f"timed engine processes shared CPU {cpu}" if cpu is not None else
-                                 "engine processes could not be pinned to one CPU: timings more exposed to CPU "
-                                 "placement")
-                    notes.append("while one engine was timed or warmed up, the other's whole sandbox was frozen (and on "
-                                 "a GPU, each timed pass started once the device was idle)")
-                    for ts in sp.speed:
-                        speed.append(_time_set(engines, ts, meter, idle, bound, Sampling, c,
-                                                plan.vocab_size, context))
-                    for ts in sp.workloads:
-                        workloads.append(_time_set(engines, ts, meter, idle, bound, Sampling, c,
-                                                plan.vocab_size, context))
+                timed, cpu = time_sets(engines, sp.speed + sp.workloads, Sampling, lambda ts: _time_set(
+                    engines, ts, meter, idle, bound, Sampling, c, plan.vocab_size, context))
+                speed, workloads = timed[:len(sp.speed)], timed[len(sp.speed):]
+                notes.append(f"timed engine processes shared CPU {cpu} (warm-ups ran unpinned)" if cpu is not None
+                             else "engine processes could not be pinned to one CPU: timings more exposed to CPU "
+                                  "placement")
+                notes.append("while one engine was timed or warmed up, the other's whole sandbox was frozen (and on "
+                             "a GPU, each timed pass started once the device was idle)")
             finish(engines)
 
     # ---- 3. every engine process is gone: only now is anything assembled and written -------------------------
@@ -248,15 +254,24 @@ def _decoded(plan: Plan, engine, raw: Any, n: int) -> list[Output]:
     return decode_outputs(plan.tokenizer, raw)
 
 
+def time_sets(engines, sets: list[TimedSet], sampling_cls: type, time_one: Callable[[TimedSet], SpeedComparison]
+              ) -> tuple[list[SpeedComparison], int | None]:
+    """Warm both engines up on every set's untimed prompts (one engine at a time), unpinned: first calls compile
+    kernels, and FlashInfer's nvcc and ninja would inherit a one-CPU mask. Then time each set with every engine
+    thread on one shared CPU (engine_host.affinity says why); returns the comparisons and that CPU."""
+    for ts in sets:
+        warm = [list(p.tokens) for p in ts.warmup]
+        for n in ENGINES:
+            with alone(engines, n):
+                warm_up(engines[n], warm, sampling_cls)
+    with pinned_together([pid for n in ENGINES for pid in engines[n].pids()]) as cpu:
+        return [time_one(ts) for ts in sets], cpu
+
+
 def _time_set(engines, ts: TimedSet, meter: EnergyMeter, idle: GpuIdle, bound: BoundFn | None,
               sampling_cls: type, c: PostValConfig, vocab: int, context: int) -> SpeedComparison:
-    """Warm both engines up on the set's untimed prompts (one at a time), then its interleaved repetitions; then
-    vanilla scores the candidate's timed outputs."""
+    """A warmed-up set's interleaved repetitions; then vanilla scores the candidate's timed outputs."""
     sampling = sampling_cls(max_new_tokens=ts.max_new_tokens, ignore_eos=ts.ignore_eos)
-    warm = [list(p.tokens) for p in ts.warmup]
-    for n in ENGINES:
-        with alone(engines, n):
-            warm_up(engines[n], warm, sampling_cls)
     log.info("timing %s (%s), %d requests x %d reps", ts.workload, ts.mode, ts.requests, len(ts.reps))
     busy_before = idle.never_idle
     prompts = [[list(p.tokens) for p in rep] for rep in ts.reps]
