@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,11 +64,6 @@ def _labelled_dirs(values: list[str]) -> dict[str, Path]:
     return out
 
 
-def _fresh_dir(path: Path) -> Path:
-    path.mkdir(parents=True)
-    return path
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-0.6b-random")
@@ -98,6 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from ..engine_host import EngineProcess
     from ..engine_host.client import Sampling
+    from ..engine_host.jit_cache import private_cache, trusted_cache
+    from ..workspace.tree import tree_hash
     from ..models import resolve_model
 
     model_dir = resolve_model(args.model)
@@ -113,15 +111,21 @@ def main(argv: list[str] | None = None) -> dict:
     also = [[n for n in stack.split("+") if n] for stack in args.also.split(",") if stack]
     extra = _labelled_dirs(args.engine)
     with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache:
-        # One JIT cache per engine: each sandbox runs as its own user, and no engine may write another's cache.
+        # JIT caches (engine_host.jit_cache): E0 keeps the machine's cache for its tree, as vanilla does in the gate,
+        # so its kernels compile once per machine; every other engine gets its own copy (each sandbox runs as its
+        # own user, and no engine may write another's cache).
+        shared = trusted_cache(tree_hash(ENGINE_TEMPLATE))
         engines = {name: EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900,
-                                       cache_dir=_fresh_dir(Path(cache) / f"engine-{i}"))
+                                       cache_dir=shared if name == "E0" else
+                                       private_cache(Path(cache) / f"engine-{i}", shared))
                    for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp), also, extra).items())}
         try:
             info, tokens, times = {}, {n: [] for n in engines}, {n: [] for n in engines}
             for name, eng in engines.items():
+                t0 = time.perf_counter()
                 eng.start()
                 info[name] = {"build": eng.build(), "options": eng.options}
+                print(f"built {name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             for rep, batch in enumerate(calls):
                 for name, eng in engines.items():
                     t0 = time.perf_counter()
@@ -133,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
                     tokens[name].extend(outs)
                     if rep:  # the first call warms every engine up
                         times[name].append(len(batch) * args.new_tokens / dt)
+                print(f"repetition {rep} of {args.reps} done" if rep else "warm-up done", file=sys.stderr, flush=True)
             for name, eng in engines.items():  # counters over every prompt (drafts accepted, graph replays, ...)
                 info[name]["stats"] = eng.stats()
         finally:
