@@ -111,33 +111,39 @@ def main(argv: list[str] | None = None) -> dict:
     also = [[n for n in stack.split("+") if n] for stack in args.also.split(",") if stack]
     extra = _labelled_dirs(args.engine)
     with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache:
-        # JIT caches (engine_host.jit_cache): E0 keeps the machine's cache for its tree, as vanilla does in the gate,
-        # so its kernels compile once per machine; every other engine gets its own copy (each sandbox runs as its
-        # own user, and no engine may write another's cache).
+        # JIT caches (engine_host.jit_cache): E0 keeps the machine's cache for its tree, as vanilla does in the gate;
+        # every other engine gets its own copy, made once E0 has warmed up, so kernels E0 compiled are not compiled
+        # again (each sandbox runs as its own user, and no engine may write another's cache).
         shared = trusted_cache(tree_hash(ENGINE_TEMPLATE))
-        engines = {name: EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900,
-                                       cache_dir=shared if name == "E0" else
-                                       private_cache(Path(cache) / f"engine-{i}", shared))
-                   for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp), also, extra).items())}
+        engines: dict[str, EngineProcess] = {}
+        info, tokens, times = {}, {}, {}
+
+        def run(name: str, batch: list[list[int]]) -> float:
+            t0 = time.perf_counter()
+            outs = [o["token_ids"] for o in engines[name].generate(batch, sampling)]
+            dt = time.perf_counter() - t0
+            if [len(o) for o in outs] != [args.new_tokens] * len(batch):
+                raise SystemExit(f"{name} returned {[len(o) for o in outs]} tokens, not {args.new_tokens} "
+                                 f"for each of {len(batch)} requests")
+            tokens[name].extend(outs)
+            return len(batch) * args.new_tokens / dt
+
         try:
-            info, tokens, times = {}, {n: [] for n in engines}, {n: [] for n in engines}
-            for name, eng in engines.items():
+            for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp), also,
+                                                          extra).items()):
                 t0 = time.perf_counter()
-                eng.start()
-                info[name] = {"build": eng.build(), "options": eng.options}
-                print(f"built {name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-            for rep, batch in enumerate(calls):
-                for name, eng in engines.items():
-                    t0 = time.perf_counter()
-                    outs = [o["token_ids"] for o in eng.generate(batch, sampling)]
-                    dt = time.perf_counter() - t0
-                    if [len(o) for o in outs] != [args.new_tokens] * len(batch):
-                        raise SystemExit(f"{name} returned {[len(o) for o in outs]} tokens, not {args.new_tokens} "
-                                         f"for each of {len(batch)} requests")
-                    tokens[name].extend(outs)
-                    if rep:  # the first call warms every engine up
-                        times[name].append(len(batch) * args.new_tokens / dt)
-                print(f"repetition {rep} of {args.reps} done" if rep else "warm-up done", file=sys.stderr, flush=True)
+                cache_dir = shared if name == "E0" else private_cache(Path(cache) / f"engine-{i}", shared)
+                engines[name] = EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900, cache_dir=cache_dir)
+                engines[name].start()
+                info[name] = {"build": engines[name].build(), "options": engines[name].options}
+                tokens[name], times[name] = [], []
+                run(name, calls[0])  # the first call warms the engine up (kernels compiled, memory grown)
+                print(f"built and warmed up {name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr,
+                      flush=True)
+            for rep, batch in enumerate(calls[1:], 1):
+                for name in engines:
+                    times[name].append(run(name, batch))
+                print(f"repetition {rep} of {args.reps} done", file=sys.stderr, flush=True)
             for name, eng in engines.items():  # counters over every prompt (drafts accepted, graph replays, ...)
                 info[name]["stats"] = eng.stats()
         finally:
