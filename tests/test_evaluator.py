@@ -246,6 +246,22 @@ def test_gate_warm_ups_run_on_every_cpu_and_only_timed_requests_share_one(engine
     assert table.pinned_cpu == max(os.sched_getaffinity(0)) and os.sched_getaffinity(engine_pid) == everywhere
 
 
+def test_the_references_compile_cache_serves_one_running_engine_at_a_time(tmp_path, monkeypatch) -> None:
+    """Each sandbox takes ownership of its writable cache: a second reference alive at once (two gates on one
+    host) must get a directory of its own, empty (the first may be writing half a kernel), not the shared one."""
+    from seis.engine_host.jit_cache import held_cache, trusted_cache
+
+    monkeypatch.setenv("SEIS_CACHE", str(tmp_path / "seis"))
+    tree = "ab" * 32
+    with held_cache(tree, tmp_path / "spare-1") as first:
+        assert first == trusted_cache(tree)
+        (first / "kernel.so").write_bytes(b"compiled")
+        with held_cache(tree, tmp_path / "spare-2") as second:
+            assert second == tmp_path / "spare-2" and not any(second.iterdir())
+    with held_cache(tree, tmp_path / "spare-3") as again:  # released: the next gate finds what was compiled
+        assert again == first and (again / "kernel.so").read_bytes() == b"compiled"
+
+
 def test_timed_processes_share_one_cpu_and_get_their_masks_back() -> None:
     import subprocess
     import sys

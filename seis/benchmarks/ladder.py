@@ -17,6 +17,7 @@ import json
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from ..agents.offline.library import load_library
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from ..engine_host import EngineProcess
     from ..engine_host.client import Sampling
-    from ..engine_host.jit_cache import private_cache, trusted_cache
+    from ..engine_host.jit_cache import held_cache, private_cache
     from ..workspace.tree import tree_hash
     from ..models import resolve_model
 
@@ -110,11 +111,13 @@ def main(argv: list[str] | None = None) -> dict:
     backends = [b for b in args.backends.split(",") if b]
     also = [[n for n in stack.split("+") if n] for stack in args.also.split(",") if stack]
     extra = _labelled_dirs(args.engine)
-    with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache, \
+            ExitStack() as held:
         # JIT caches (engine_host.jit_cache): E0 keeps the machine's cache for its tree, as vanilla does in the gate;
         # every other engine gets its own copy, made once E0 has warmed up, so kernels E0 compiled are not compiled
         # again (each sandbox runs as its own user, and no engine may write another's cache).
-        shared = trusted_cache(tree_hash(ENGINE_TEMPLATE))
+        tree = tree_hash(ENGINE_TEMPLATE)
+        shared = held.enter_context(held_cache(tree, Path(cache) / "E0"))
         engines: dict[str, EngineProcess] = {}
         info, tokens, times = {}, {}, {}
 

@@ -4,10 +4,16 @@ A trusted engine (the reference, vanilla E0) keeps one cache per machine, keyed 
 compiled once rather than in every gate and post-validation. An untrusted engine gets a private directory seeded
 with a copy of that cache: it is spared recompiling what the reference already built, and whatever it writes
 there stays its own, never read by anything trusted.
+
+Each sandbox runs as its own user and is given ownership of its writable cache, so one cache serves one running
+engine at a time (held_cache): a trusted engine that finds the machine's cache taken, as when two gates run side
+by side on one host, compiles into an empty directory of its own instead.
 """
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -27,3 +33,22 @@ def private_cache(dest: Path, seed: Path | None) -> Path:
     else:
         dest.mkdir(parents=True)
     return dest
+
+
+@contextmanager
+def held_cache(tree_id: str, spare: Path) -> Iterator[Path]:
+    """The trusted cache for `tree_id` while no other engine holds it, else a new empty directory at `spare`;
+    held until the block ends (keep the engine's whole life inside it)."""
+    from ..store.lock import FileLock, LockTimeout
+
+    path = trusted_cache(tree_id)
+    lock = FileLock(path.with_name(path.name + ".lock"), timeout_s=0)
+    try:
+        lock.__enter__()
+    except LockTimeout:
+        yield private_cache(spare, None)
+        return
+    try:
+        yield path
+    finally:
+        lock.__exit__(None, None, None)

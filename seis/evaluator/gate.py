@@ -6,6 +6,7 @@ import hashlib
 import shutil
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -100,15 +101,18 @@ def _setup(config: GateConfig, tmp: Path, roles: dict[str, Path | None]) -> _Set
     return _Setup(model_dir, device, make_isolation(device, config.isolation), snaps, ids, tmp)
 
 
-def _cache_dir(setup: _Setup, role: str, trusted: bool) -> Path:
-    """A trusted engine's JIT cache persists across gates; an untrusted one's is private (engine_host.jit_cache)."""
-    from ..engine_host.jit_cache import private_cache, trusted_cache
+def _cache_dir(setup: _Setup, role: str, trusted: bool, held: ExitStack) -> Path:
+    """A trusted engine's JIT cache persists across gates, held while `held` lasts; an untrusted one's is private
+    (engine_host.jit_cache)."""
+    from ..engine_host.jit_cache import held_cache, private_cache, trusted_cache
     ref = setup.snaps.get("vanilla")
-    shared = trusted_cache(ref.sha256 if ref else "none")
-    return shared if trusted else private_cache(setup.cache_root / f"cache-{role}", shared)
+    tree = ref.sha256 if ref else "none"
+    own = setup.cache_root / f"cache-{role}"
+    return held.enter_context(held_cache(tree, own)) if trusted else private_cache(own, trusted_cache(tree))
 
 
-def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[str]) -> dict[str, EngineHandle]:
+def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[str],
+             held: ExitStack) -> dict[str, EngineHandle]:
     iso = config.isolation
     deadline = Deadline(iso.gate_timeout_s)
     options = {"device": setup.device, "dtype": "auto", "max_batch_size": config.max_batch_size,
@@ -119,7 +123,7 @@ def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[s
         build_s, call_s = (iso.gate_timeout_s,) * 2 if role in trusted else (iso.build_timeout_s, iso.call_timeout_s)
         handles[role] = EngineHandle(role, snap.path, setup.model_dir, options, setup.isolation, deadline,
                                      build_s, call_s, trusted=role in trusted,
-                                     cache_dir=_cache_dir(setup, role, role in trusted))
+                                     cache_dir=_cache_dir(setup, role, role in trusted, held))
     return handles
 
 
@@ -185,14 +189,14 @@ def run_gate(config: GateConfig) -> GateResult:
     # milliseconds: a run's timeline orders its gates by this
     t0, started = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     timings: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="seis-gate-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="seis-gate-") as tmp, ExitStack() as held:
         roles = {"candidate": config.candidate, "vanilla": config.reference,
                  "parent": config.parent if config.speed.enabled else None}
         setup = _setup(config, Path(tmp), roles)
         wl = load_gate_workloads(config, setup.model_dir)
         vocab, _ = read_model_limits(setup.model_dir)
         timings["setup"] = time.monotonic() - t0
-        handles = _handles(config, setup, wl.budget.max_seq_len, trusted={"vanilla"})
+        handles = _handles(config, setup, wl.budget.max_seq_len, trusted={"vanilla"}, held=held)
         cand, ref = handles["candidate"], handles["vanilla"]
         calibration, speed, counts, stats = None, None, {}, {}
         try:
@@ -257,11 +261,11 @@ def run_dev_benchmark(config: GateConfig) -> DevBenchmarkResult:
     """The dev speed table only (candidate, optional parent, vanilla E0): no correctness checks, no held-out data
     and no thresholds, so it is safe to hand to agents. Vanilla is config.reference (or its snapshot)."""
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="seis-devbench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="seis-devbench-") as tmp, ExitStack() as held:
         setup = _setup(config, Path(tmp), {"candidate": config.candidate, "parent": config.parent,
                                            "vanilla": config.reference})
         workloads, budget, _ = load_speed_workloads(config, setup.model_dir)
-        handles = _handles(config, setup, budget.max_seq_len, trusted={"vanilla"})
+        handles = _handles(config, setup, budget.max_seq_len, trusted={"vanilla"}, held=held)
         try:
             start_and_build(list(handles.values()))
             order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}

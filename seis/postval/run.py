@@ -80,7 +80,7 @@ def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[Engin
     Compile caches (engine_host.jit_cache): vanilla keeps its own on this machine (the gate's, for the same
     tree); the candidate gets a copy of it for this phase only, so nothing it wrote in one phase reaches the next."""
     from ..engine_host import EngineProcess
-    from ..engine_host.jit_cache import private_cache, trusted_cache
+    from ..engine_host.jit_cache import held_cache, private_cache, trusted_cache
     from ..evaluator.snapshot import tree_sha256
 
     c = plan.config
@@ -88,9 +88,10 @@ def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[Engin
     dirs = {"candidate": c.engine_dir, "vanilla": c.vanilla_dir}
     engines: dict[EngineName, EngineProcess] = {}
     with ExitStack() as stack:
-        shared = trusted_cache(tree_sha256(c.vanilla_dir))
+        tree = tree_sha256(c.vanilla_dir)
         own = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"seis-postval-{phase}-")))
-        caches = {"vanilla": shared, "candidate": private_cache(own / "cache", shared)}
+        caches = {"vanilla": stack.enter_context(held_cache(tree, own / "vanilla-cache")),
+                  "candidate": private_cache(own / "cache", trusted_cache(tree))}
         t0 = time.perf_counter()
         for n in ENGINES:
             engines[n] = stack.enter_context(EngineProcess(dirs[n], plan.model_dir, opts, c.timeout_s, env,
