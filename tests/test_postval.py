@@ -535,68 +535,109 @@ def test_a_row_timed_on_a_busy_gpu_is_flagged(tiny_runs):
     assert "⚠ not trustworthy: 2 passes began while the GPU still ran the other engine's work" in speed_markdown(busy)
 
 
-def _timing(outputs) -> Timing:
-    return Timing(wall_s=1.0, latencies=[1.0], outputs=outputs, finish=["stop"] * len(outputs), energy_j=None,
-                  tokens=sum(len(o or []) for o in outputs))
+def _timing(outputs, finish=None) -> Timing:
+    return Timing(wall_s=1.0, latencies=[1.0], outputs=outputs, finish=finish or ["stop"] * len(outputs),
+                  energy_j=None, tokens=sum(len(o or []) for o in outputs))
 
 
-def test_timed_check_flags_tokens_vanilla_would_not_produce():
-    van = [_timing([[1, 2, 3, 4], [5, 6, 7, 8]])]
-    same = timed_check([_timing([[1, 2, 3, 4], [5, 6, 7, 8]])], van, 4, natural=True, scored=(8, 8))
-    assert (same.identical_frac, same.valid_frac, same.first_divergence_mean, same.length_ratio, same.flagged) == \
-        (1.0, 1.0, 4.0, 1.0, False)
-    # parted at a near-tie: not identical, every token still vanilla's choice up to the margin
-    tie = timed_check([_timing([[1, 2, 3, 4], [5, 9, 7, 8]])], van, 4, natural=True, scored=(8, 8))
-    assert (tie.identical_frac, tie.first_divergence_mean, tie.flagged) == (0.5, 2.5, False)
-    junk = timed_check([_timing([[0, 0, 0, 0], [0, 0, 0, 0]])], van, 4, natural=False, scored=(1, 8))
-    assert junk.flagged and junk.valid_frac == 0.125 and "top-1" in junk.reasons[0]
-    edge = timed_check([_timing([[0, 0, 0, 0], [0, 0, 0, 0]])], van, 4, natural=False, scored=(97, 100))
-    assert not edge.flagged and edge.identical_frac == 0.0  # at the line (0.97)
-    assert timed_check([_timing([[0, 0, 0, 0], [0, 0, 0, 0]])], van, 4, natural=False, scored=(96, 100)).flagged
-    short = timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=True, scored=(7, 7))
-    assert short.flagged and short.length_ratio == 0.875 and "length" in short.reasons[0]
-    assert not timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=False, scored=(7, 7)).flagged
-    assert not timed_check([_timing([[1, 2, 3, 4], [5, 6, 7]])], van, 4, natural=True, scored=(7, 7),
-                           length_tolerance=0.2).flagged
-    padded = timed_check([_timing([[1, 2, 3, 4, 0, 0], None])], van, 4, natural=False, scored=(4, 4))
-    assert padded.flagged and (padded.over_length, padded.missing) == (1, 1)
+EOS, JUNK = 99, 50  # the scripted vanilla below: ids >= JUNK (but EOS) lie 1 nat below its top-1
 
 
 class _Scorer:
-    """Vanilla's score call, scripted: forced token t gets log-prob -t/10 against a top-1 of 0; records calls."""
+    """Vanilla's score call, scripted: every forced token is its own top-1 except ids >= JUNK (1 nat below) and an
+    EOS (stop_gap nats below); or a fixed reply. Records calls."""
     engine_dir = "vanilla"
 
-    def __init__(self, reply=None):
-        self.calls, self.reply = [], reply
+    def __init__(self, reply=None, stop_gap: float = 0.0):
+        self.calls, self.reply, self.stop_gap = [], reply, stop_gap
 
     def score(self, prompts, continuations, top_k):
         self.calls.append((prompts, continuations, top_k))
         if self.reply is not None:
             return self.reply
-        return [{"token_logprobs": [-t / 10 for t in c], "top_ids": [[0]] * len(c), "top_logprobs": [[0.0]] * len(c)}
-                for c in continuations]
+        gap = {EOS: self.stop_gap}
+        return [{"token_logprobs": [-1.0 - gap.get(t, 1.0 if t >= JUNK else 0.0) for t in c],
+                 "top_ids": [[0]] * len(c), "top_logprobs": [[-1.0]] * len(c)} for c in continuations]
 
 
-def test_reference_scoring_scores_what_differs_from_vanilla():
+def _judged(cand: list[Timing], van: list[Timing], max_new: int = 4, natural: bool = True, stop_gap: float = 0.0,
+            length_tolerance: float = 0.10):
+    from seis.engine_host.client import Sampling
+    from seis.postval.config import PostValConfig
+    from seis.postval.speed import VanillaScorer, judge_timed, timed_rules
+
+    config = PostValConfig.model_construct(timed_min_valid=0.97, timed_margin=0.3,
+                                           timed_length_tolerance=length_tolerance)
+    rules = timed_rules(config, [EOS], 1.0, 100, 4096)
+    prompts = [[[7 + i] for i in range(len(t.outputs))] for t in cand]
+    sampling = Sampling(max_new_tokens=max_new, ignore_eos=not natural)
+    checks = judge_timed(VanillaScorer(_Scorer(stop_gap=stop_gap)), "w", prompts, sampling,
+                         {"candidate": cand, "vanilla": van}, rules)
+    return timed_check(cand, van, max_new, checks)
+
+
+def test_timed_outputs_are_judged_by_the_gates_timed_checks():
+    van = [_timing([[1, 2, 3, EOS], [5, 6, 7, EOS]])]
+    same = _judged([_timing([[1, 2, 3, EOS], [5, 6, 7, EOS]])], van)
+    assert (same.identical_frac, same.valid_frac, same.first_divergence_mean, same.length_ratio, same.flagged) == \
+        (1.0, 1.0, 4.0, 1.0, False)
+    assert {c.name for c in same.checks} >= {"timed.w.greedy_valid", "timed.w.stops", "timed.w.early_ends"}
+    # parted at a near-tie: not identical, every token still vanilla's choice up to the margin
+    tie = _judged([_timing([[1, 2, 3, EOS], [5, 9, 7, EOS]])], van)
+    assert (tie.identical_frac, tie.first_divergence_mean, tie.flagged) == (0.5, 2.5, False), tie.reasons
+    fixed = [_timing([[1, 2, 3, 4], [5, 6, 7, 8]], ["length"] * 2)]
+    junk = _judged([_timing([[JUNK] * 4, [JUNK] * 4], ["length"] * 2)], fixed, natural=False)
+    assert junk.flagged and junk.valid_frac == 0.0 and "top-1" in junk.reasons[0]
+    hundred = [_timing([[1] * 100], ["length"])]
+    edge = _judged([_timing([[1] * 97 + [JUNK] * 3], ["length"])], hundred, max_new=100, natural=False)
+    assert not edge.flagged and edge.valid_frac == 0.97  # at the line
+    assert _judged([_timing([[1] * 96 + [JUNK] * 4], ["length"])], hundred, max_new=100, natural=False).flagged
+    padded = _judged([_timing([[1, 2, 3, 4, 0, 0], None], ["length", "missing"])], fixed, natural=False)
+    assert padded.flagged and (padded.over_length, padded.missing) == (1, 1)
+
+
+def test_a_timed_output_cut_short_is_flagged_by_length_and_stop_rules():
+    van = [_timing([[1, 2, 3, EOS], [5, 6, 7, EOS]])]
+    cut = _judged([_timing([[1, 2, 3, EOS], [5, 6]], ["stop", "length"])], van)  # a prefix, no stop
+    assert cut.flagged and any(r.startswith("lengths:") for r in cut.reasons), cut.reasons
+    fake = _judged([_timing([[1, 2, 3, EOS], [5, 6, 7]])], van)  # "stop" without an EOS
+    assert fake.flagged and any(r.startswith("eos:") for r in fake.reasons), fake.reasons
+    # an EOS 2 nats below vanilla's top-1 is not a near-tie: beyond the stop margin (0.75 here)
+    far = _judged([_timing([[1, 2, 3, EOS], [5, EOS]])], van, stop_gap=2.0)
+    assert far.flagged and any(r.startswith("stops:") for r in far.reasons), far.reasons
+    assert not _judged([_timing([[1, 2, 3, EOS], [5, EOS]])], van, stop_gap=0.25).flagged  # a near-tie stop
+
+
+def test_early_ends_at_near_ties_are_flagged_when_they_go_one_way():
+    """Each stop a near-tie (0.25 nats, within the margin): one engine ending early on 4 requests and late on 4 is
+    rounding; one ending early on all 8 is an engine that takes EOS wherever it may."""
+    van = [_timing([[1, 2, 3, 4, 5, EOS]] * 8)]
+    early, late = [1, 2, EOS], [1, 2, 3, 4, 5, 6, 7, EOS]
+    both = _judged([_timing([early] * 4 + [late] * 4)], van, max_new=8, stop_gap=0.25)
+    assert not both.flagged, both.reasons
+    one_way = _judged([_timing([early] * 8)], van, max_new=8, stop_gap=0.25)
+    assert one_way.flagged and len(one_way.reasons) == 1, one_way.reasons  # every other rule holds
+    assert one_way.reasons[0].startswith("early_ends:") and "on 8 and after it on 0" in one_way.reasons[0]
+    # at fixed length nothing ends by choice: no such check
+    fixed = [_timing([[1, 2, 3, 4, 5, 6]] * 8, ["length"] * 8)]
+    assert "timed.w.early_ends" not in {c.name for c in _judged(fixed, fixed, max_new=6, natural=False).checks}
+
+
+def test_vanillas_malformed_score_replies_are_errors():
     from seis.engine_host import EngineError
-    from seis.postval.speed import reference_scoring
+    from seis.postval.speed import VanillaScorer
 
-    van = [_timing([[1, 2, 3], [4, 5, 6], [1, 1], [2, 2]])]
-    cand = [_timing([[1, 2, 3], [1, 9, 2], [1, 99], [2, 2, 2, 2]])]
-    prompts = [[7], [8], [9], [10]]
-    scorer = _Scorer()
-    # request 0: vanilla's own output (3 valid, not scored); request 1: 1 and 2 within 0.3 nats, 9 is not; request 2:
-    # id 99 is outside the vocabulary (both tokens wrong, not scored); request 3: counted up to max_new_tokens 3
-    assert reference_scoring(scorer, prompts, cand, van, 3, 50, 100, margin=0.3) == (3 + 2 + 0 + 3, 3 + 3 + 2 + 3)
-    assert scorer.calls == [([[8], [10]], [[1, 9, 2], [2, 2, 2]], 1)]
-    assert reference_scoring(_Scorer(), prompts, cand, van, 3, 50, 3, margin=0.3) == (3, 11)  # past the context
+    def score(reply):
+        return VanillaScorer(_Scorer(reply)).score([[8], [10]], [[1, 9, 2], [2, 2, 2]], 1)
+
+    assert [s.token_logprobs for s in VanillaScorer(_Scorer()).score([[8]], [[1, JUNK]], 1)] == [[-1.0, -2.0]]
     with pytest.raises(EngineError, match="malformed score reply"):
-        reference_scoring(_Scorer([{"token_logprobs": [0.0]}] * 2), prompts, cand, van, 3, 50, 100, margin=0.3)
+        score([{"token_logprobs": [0.0]}] * 2)
     short = {"token_logprobs": [0.0], "top_ids": [[0]], "top_logprobs": [[0.0]]}  # one position for three tokens
     with pytest.raises(EngineError, match="for 3 tokens"):
-        reference_scoring(_Scorer([short] * 2), prompts, cand, van, 3, 50, 100, margin=0.3)
+        score([short] * 2)
     with pytest.raises(EngineError, match="with 1"):
-        reference_scoring(_Scorer([{}]), prompts, cand, van, 3, 50, 100, margin=0.3)
+        score([{}])
 
 
 def _speedups(r: PostValResult) -> list[float]:

@@ -12,6 +12,7 @@ from seis.evaluator.errors import GateInputError
 from seis.evaluator.logit_scale import eos_gap_scale
 from seis.evaluator.schema import Calibration
 from seis.evaluator.speed import TimedOutputs
+from seis.evaluator.checks import EarlyEnds, early_ends
 from seis.evaluator.timed import stop_tolerance, timed_checks
 from seis.evaluator.workloads import PromptSet
 
@@ -134,3 +135,37 @@ def test_eos_gap_scale_rejects_what_it_cannot_read(tmp_path):
     model = _write_model(tmp_path / "n", {"lm_head.weight": torch.ones(4, 4)})
     with pytest.raises(GateInputError, match="outside the output matrix"):
         eos_gap_scale(model, [4])
+
+
+def _outs(lengths: list[int]) -> list[GenerationOut]:
+    return [GenerationOut(token_ids=[5] * (n - 1) + [EOS], finish_reason="stop") for n in lengths]
+
+
+def test_early_ends_is_a_one_sided_sign_test_over_requests_whose_lengths_differ():
+    ref = _outs([4, 4, 4, 4, 4])
+    assert early_ends(ref, _outs([4, 4, 4, 4, 4]), [True] * 5) == EarlyEnds(0, 0, 1.0)
+    assert early_ends(ref, _outs([2, 6, 4, 4, 4]), [True] * 5).p == 0.75  # P(X >= 1 | n = 2)
+    assert early_ends(ref, _outs([2, 2, 2, 2, 6]), [True] * 5).p == 6 / 32  # P(X >= 4 | n = 5)
+    assert early_ends(ref, _outs([2] * 5), [True] * 5).p == 1 / 32
+    # fixed-length requests and missing replies do not count
+    assert early_ends(ref, [None, *_outs([2, 2, 2, 2])], [True, True, True, False, False]) == EarlyEnds(2, 0, 0.25)
+
+
+def test_a_candidate_that_stops_at_every_near_tie_fails_the_timed_path():
+    """Every stop 0.5 nats below the reference's top-1 (within the stop margin) and every text a near-tie away:
+    only the direction gives it away. Ending early on 8 of 8 requests fails; 5 early and 3 late passes."""
+    sampling = Sampling(max_new_tokens=8, ignore_eos=False, stop_token_ids=())
+    prompts = tuple((1, i) for i in range(8))
+    sets = [PromptSet("dev-natural", tuple(map(str, range(8))), prompts, (sampling,) * 8)]
+    cal = Calibration(method="test", noise={}, tolerance={"top1": 0.5, "length": 0.1}, positions=1, requests=1)
+
+    def early_ends_check(cand_lengths: list[int]):
+        outputs = {"candidate": [_outs(cand_lengths)], "vanilla": [_outs([4] * 8)]}
+        timed = TimedOutputs(sets={"dev-natural": sets}, outputs={"dev-natural": outputs})
+        checks = timed_checks(ScriptedReference({}), timed, cal, GateThresholds(), [EOS], VOCAB, 64)
+        assert all(c.passed for c in checks if c.name != "timed.dev-natural.early_ends")
+        return next(c for c in checks if c.name == "timed.dev-natural.early_ends")
+
+    one_way = early_ends_check([2] * 8)
+    assert not one_way.passed and one_way.value == 1 / 256 and "on 8 and after it on 0" in one_way.detail
+    assert early_ends_check([2] * 5 + [6] * 3).passed

@@ -121,6 +121,32 @@ def length_ratio(ref: Sequence[GenerationOut], cand: Sequence[GenerationOut | No
     return total_c / total_r if total_r else 1.0
 
 
+@dataclass(frozen=True)
+class EarlyEnds:
+    """Natural-length requests on which the candidate ended before / after the reference, and the one-sided
+    sign-test p-value of at least that many early ends were either direction equally likely."""
+    shorter: int
+    longer: int
+    p: float
+
+
+def early_ends(ref: Sequence[GenerationOut | None], cand: Sequence[GenerationOut | None],
+               natural: Sequence[bool]) -> EarlyEnds:
+    """Which way the lengths differ, over natural-length requests both engines answered (each a distinct prompt).
+
+    Honest rounding breaks near-ties both ways: at an EOS near-tie the candidate stops early as often as it runs
+    on, and texts parted at an ordinary near-tie end wherever they end. Each stop alone is judged by the stop
+    margin, which an engine taking EOS at every near-tie it meets would pass while still cutting outputs short;
+    what gives it away is the direction."""
+    shorter = longer = 0
+    for r, c, nat in zip(ref, cand, natural):
+        if nat and r is not None and c is not None:
+            shorter += len(c.token_ids) < len(r.token_ids)
+            longer += len(c.token_ids) > len(r.token_ids)
+    n = shorter + longer
+    return EarlyEnds(shorter, longer, sum(math.comb(n, k) for k in range(shorter, n + 1)) / 2 ** n)
+
+
 def answer_problems(n_expected: int, replies: Sequence | None, what: str,
                     expected_lengths: Sequence[int] | None = None) -> list[str]:
     """Every request answered: the right number of replies (and, for scores, of positions)."""

@@ -57,6 +57,11 @@ class GateThresholds(_Frozen):
     stop_margin: float = Field(0.75, ge=0)
     stop_factor: float = Field(1.5, ge=1)
     stop_cap: float = Field(1.5, gt=0)
+    # timed natural-length outputs: fails when the candidate ends earlier than the reference on so many of the requests
+    # whose lengths differ that a fair coin would do so with probability below this (one-sided sign test;
+    # checks.early_ends). An honest engine fails it at this rate per natural workload; one that takes EOS at every
+    # near-tie it meets fails once 8 of 8 (9 of 9 ...) differing requests end early.
+    early_end_p: float = Field(0.005, gt=0, lt=1)
     # |sum(len_cand) / sum(len_ref) - 1| over natural-length (EOS on) requests
     length_floor: float = Field(0.10, ge=0)
     length_factor: float = Field(2.0, ge=1)

@@ -4,8 +4,9 @@ shortcut, layers skipped late in long outputs, junk while pinned, early fake EOS
 
 Per speed workload, over all repetitions: every request answered; lengths and EOS rules; greedy token agreement
 with the reference's own timed outputs; the reference's scoring of the candidate's tokens (each its top-1 up to a
-near-tie); every EOS the candidate stopped at must be within the stop margin of the reference's top-1 there; and at
-natural length the summed output length must match the reference's. Tolerances are the correctness checks'
+near-tie); every EOS the candidate stopped at must be within the stop margin of the reference's top-1 there; at
+natural length the summed output length must match the reference's where the texts agree up to a stop, and the
+candidate must not end early on clearly more requests than it ends late. Tolerances are the correctness checks'
 calibrated ones; the stop margin is calibrated here, on the reference's own timed stops and on how much larger the
 model's EOS output row is than the rest (`stop_tolerance`).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from .checks import (
     answer_problems,
+    early_ends,
     eos_problems,
     greedy_agreement,
     length_problems,
@@ -119,4 +121,10 @@ def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, th: G
             ratio = length_ratio(van, cand, natural)
             checks.append(CheckResult.bounded(f"{name}.natural_length", ratio, 1 - tol["length"], 1 + tol["length"],
                                               detail="summed timed output length, candidate / reference"))
+            ends = early_ends(van, cand, natural)
+            checks.append(CheckResult.bounded(
+                f"{name}.early_ends", ends.p, lower=th.early_end_p,
+                detail=f"ended before the reference on {ends.shorter} and after it on {ends.longer} requests "
+                       f"(one-sided sign test p = {ends.p:.3g})",
+                extra={"shorter": float(ends.shorter), "longer": float(ends.longer)}))
     return checks

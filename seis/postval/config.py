@@ -83,12 +83,14 @@ class PostValConfig(BaseModel):
 
     bandwidth_gbs: float | None = Field(None, gt=0)  # None: measure a large copy on the run's device
     flag_points: float = Field(3.0, gt=0)  # accuracy differences beyond +-this many points are flagged
-    # Timed-output check: a speed row is flagged (its figure not trustworthy) when fewer than this fraction of the
-    # candidate's timed tokens are vanilla's top-1 within timed_margin nats (vanilla scoring the candidate's own
-    # outputs, as the gate judges timed tokens), ...
+    # Timed outputs are judged by the gate's timed checks (evaluator.timed), with these tolerances in place of the
+    # gate's calibrated ones: a speed row is flagged (its figure not trustworthy) when fewer than timed_min_valid of
+    # the candidate's timed tokens are vanilla's top-1 within timed_margin nats (vanilla scoring the candidate's own
+    # outputs), when a stop lies beyond the stop margin, ...
     timed_min_valid: float = Field(0.97, ge=0, le=1)
     timed_margin: float = Field(0.3, ge=0)
-    # ... or when, at natural length (EOS on), its summed output length is off vanilla's by more than this fraction.
+    # ... when, at natural length (EOS on), the summed length of the outputs that agree with vanilla's up to a stop
+    # is off vanilla's by more than this fraction, or when early ends clearly outnumber late ones.
     timed_length_tolerance: float = Field(0.10, ge=0)
     reported_dev_speedup: float | None = Field(None, gt=0)  # the gate's dev speedup, shown next to ours
     timeout_s: float = Field(3600.0, gt=0)  # per engine call (a 660-item batch on a CPU is slow)

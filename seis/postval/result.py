@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ..evaluator.schema import CheckResult
 from .config import PostValConfig
 
 EngineName = Literal["candidate", "vanilla"]
@@ -104,11 +105,12 @@ class TimedCheck(_Model):
     identical_frac: float  # candidate output token-identical to vanilla's
     valid_frac: float  # candidate timed tokens that vanilla, teacher-forced, puts within the margin of its top-1
     first_divergence_mean: float  # mean index of the first differing token (a prefix: the shorter length)
-    length_ratio: float  # summed candidate / vanilla output length (checked at natural length only)
+    length_ratio: float  # summed candidate / vanilla output length, every request (reported; see checks)
     missing: int  # requests without exactly one well-formed reply
     over_length: int  # outputs longer than max_new_tokens (counted only up to max_new_tokens)
     flagged: bool
     reasons: list[str] = []
+    checks: list[CheckResult] = []  # the gate's timed checks on this set (evaluator.timed): what decided the flag
 
 
 class PromptPool(_Model):

@@ -7,8 +7,8 @@ Every byte from an engine process is untrusted, so the engines run under the gat
 2. speed: fresh processes, built again (the extra build time is measured and noted), so no timed engine has
    seen the accuracy prompts; every repetition of every workload times prompts that process has not seen
    (plan.speed_plan), warm-up prompts are never timed, and while one engine is timed the other's sandbox is
-   frozen; repetitions interleave, and vanilla scores every token the candidate produced while timed
-   (speed.reference_scoring, speed.timed_check);
+   frozen; repetitions interleave, and the gate's timed checks judge every output the candidate produced while
+   timed against vanilla's (speed.judge_timed, speed.timed_check);
 3. results are assembled and written only after every engine process is closed (nothing of them left).
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from .result import (
     PostValResult,
     SpeedComparison,
 )
-from .speed import BoundFn, alone, compare, measure_pair, reference_scoring, warm_up
+from .speed import BoundFn, TimedRules, VanillaScorer, alone, compare, judge_timed, measure_pair, timed_rules, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +210,9 @@ def measure(plan: Plan) -> PostValResult:
             idle = GpuIdle(device)
             if sp.sets:
                 bandwidth, bound = _bandwidth(plan, built, device, notes)
+                rules = timed_rules(c, *_stop_scale(plan, built["vanilla"]), plan.vocab_size, context)
                 timed, cpu = time_sets(engines, sp.speed + sp.workloads, Sampling, lambda ts: _time_set(
-                    engines, ts, meter, idle, bound, Sampling, c, plan.vocab_size, context))
+                    engines, ts, meter, idle, bound, Sampling, rules))
                 speed, workloads = timed[:len(sp.speed)], timed[len(sp.speed):]
                 notes.append(f"timed engine processes shared CPU {cpu} (warm-ups ran unpinned)" if cpu is not None
                              else "engine processes could not be pinned to one CPU: timings more exposed to CPU "
@@ -270,18 +271,29 @@ def time_sets(engines, sets: list[TimedSet], sampling_cls: type, time_one: Calla
 
 
 def _time_set(engines, ts: TimedSet, meter: EnergyMeter, idle: GpuIdle, bound: BoundFn | None,
-              sampling_cls: type, c: PostValConfig, vocab: int, context: int) -> SpeedComparison:
-    """A warmed-up set's interleaved repetitions; then vanilla scores the candidate's timed outputs."""
+              sampling_cls: type, rules: TimedRules) -> SpeedComparison:
+    """A warmed-up set's interleaved repetitions; then the gate's timed checks judge the candidate's timed outputs,
+    vanilla scoring them."""
     sampling = sampling_cls(max_new_tokens=ts.max_new_tokens, ignore_eos=ts.ignore_eos)
     log.info("timing %s (%s), %d requests x %d reps", ts.workload, ts.mode, ts.requests, len(ts.reps))
     busy_before = idle.never_idle
     prompts = [[list(p.tokens) for p in rep] for rep in ts.reps]
     timings = measure_pair(engines, prompts, sampling, ts.mode, meter, idle)
     busy = idle.never_idle - busy_before
-    scored = reference_scoring(engines["vanilla"], [p for rep in prompts for p in rep], timings["candidate"],
-                               timings["vanilla"], sampling.max_new_tokens, vocab, context, c.timed_margin)
-    return compare(ts, sampling, timings, scored, bound, c.timed_min_valid, c.timed_length_tolerance).model_copy(
-        update={"gpu_busy_passes": busy})
+    checks = judge_timed(VanillaScorer(engines["vanilla"]), ts.workload, prompts, sampling, timings, rules)
+    return compare(ts, sampling, timings, checks, bound).model_copy(update={"gpu_busy_passes": busy})
+
+
+def _stop_scale(plan: Plan, vanilla_built: Any) -> tuple[list[int], float]:
+    """Vanilla's EOS ids (its build reply: vanilla is trusted) and how much more rounding moves an EOS-vs-top-1 gap
+    than an ordinary near-tie in this model (evaluator.logit_scale), for the stop margin."""
+    from ..engine_host import EngineError
+    from ..evaluator.logit_scale import eos_gap_scale
+
+    ids = vanilla_built.get("eos_token_ids") if isinstance(vanilla_built, dict) else None
+    if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+        raise EngineError(f"vanilla's build reply has no list of EOS ids: {str(vanilla_built)[:200]}")
+    return ids, eos_gap_scale(plan.model_dir, ids)
 
 
 def _bandwidth(plan: Plan, built: dict, device: str, notes: list[str]) -> tuple[BandwidthInfo | None, BoundFn | None]:

@@ -9,8 +9,9 @@ whole sandbox is frozen (SIGSTOP), so nothing of it runs meanwhile.
 
 Every byte from an engine process is untrusted: replies are checked for shape, a reply counts at most
 max_new_tokens tokens, and every token of the candidate's timed outputs is scored by vanilla, teacher-forced on
-the candidate's own output (reference_scoring, as the gate judges timed tokens): a speed figure measured on
-outputs that vanilla would not have produced, up to a near-tie, is flagged as not trustworthy (timed_check).
+the candidate's own output, and every stop and length is judged, by the gate's own timed checks (judge_timed): a
+speed figure measured on outputs that vanilla would not have produced, up to a near-tie, is flagged as not
+trustworthy (timed_check).
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ from .result import (
 if TYPE_CHECKING:
     from ..engine_host import EngineProcess
     from ..engine_host.client import Sampling
+    from ..evaluator.config import GateThresholds
+    from ..evaluator.schema import Calibration, CheckResult
+    from .config import PostValConfig
     from .plan import TimedSet
 
 
@@ -180,53 +184,82 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
-def reference_scoring(vanilla: EngineProcess, prompts: Sequence[Sequence[int]], cand: Sequence[Timing],
-                      van: Sequence[Timing], max_new_tokens: int, vocab: int, context: int,
-                      margin: float) -> tuple[int, int]:
-    """(candidate timed tokens that vanilla, teacher-forced on the candidate's output, puts within `margin` nats of
-    its own top-1; all candidate timed tokens). prompts: every timed request's, repetitions one after another.
+class VanillaScorer:
+    """Vanilla's score call in the form the gate's checks take: replies validated, and since vanilla is the trusted
+    reference, a malformed one is an error, not a verdict."""
 
-    An output equal to vanilla's own for the request is vanilla's greedy choice at every step and is not scored
-    again; one that cannot be scored (ids outside the vocabulary, past the context) counts as wrong throughout."""
-    from pydantic import TypeAdapter, ValidationError
+    def __init__(self, vanilla: EngineProcess):
+        self.vanilla = vanilla
 
-    from ..engine_host import EngineError
-    from ..evaluator.checks import near_argmax
-    from ..evaluator.engines import ScoreOut
+    def score(self, prompts: list[list[int]], continuations: list[list[int]], top_k: int) -> list:
+        from pydantic import TypeAdapter, ValidationError
 
-    outs = [(o or [])[:max_new_tokens] for t in cand for o in t.outputs]
-    mine = [(o or [])[:max_new_tokens] for t in van for o in t.outputs]
-    if len(prompts) != len(outs):
-        raise ValueError(f"{len(prompts)} prompts for {len(outs)} timed outputs")
-    total = sum(len(o) for o in outs)
-    valid = sum(len(o) for o, v in zip(outs, mine) if o == v)
-    todo = [(list(p), o) for p, o, v in zip(prompts, outs, mine)
-            if o and o != v and len(p) + len(o) <= context and all(0 <= t < vocab for t in o)]
-    if not todo:
-        return valid, total
-    raw = vanilla.score([p for p, _ in todo], [o for _, o in todo], top_k=1)
-    if not isinstance(raw, list) or len(raw) != len(todo):
-        raise EngineError(f"{vanilla.engine_dir}: score replied to {len(todo)} timed outputs with "
-                          f"{len(raw) if isinstance(raw, list) else type(raw).__name__}")
-    try:
-        scores = TypeAdapter(list[ScoreOut]).validate_python(raw)
-    except ValidationError as exc:
-        raise EngineError(f"{vanilla.engine_dir}: malformed score reply: {str(exc)[:200]}") from None
-    for (_, o), sc in zip(todo, scores):
-        if not len(sc.token_logprobs) == len(sc.top_logprobs) == len(o) or not all(sc.top_logprobs):
-            raise EngineError(f"{vanilla.engine_dir}: malformed score reply for {len(o)} tokens: {str(sc)[:200]}")
-    return valid + near_argmax(scores, margin), total
+        from ..engine_host import EngineError
+        from ..evaluator.engines import ScoreOut
+
+        where = self.vanilla.engine_dir
+        raw = self.vanilla.score(prompts, continuations, top_k=top_k)
+        if not isinstance(raw, list) or len(raw) != len(continuations):
+            raise EngineError(f"{where}: score replied to {len(continuations)} timed outputs with "
+                              f"{len(raw) if isinstance(raw, list) else type(raw).__name__}")
+        try:
+            scores = TypeAdapter(list[ScoreOut]).validate_python(raw)
+        except ValidationError as exc:
+            raise EngineError(f"{where}: malformed score reply: {str(exc)[:200]}") from None
+        for o, sc in zip(continuations, scores):
+            if not len(sc.token_logprobs) == len(sc.top_logprobs) == len(o) or not all(sc.top_logprobs):
+                raise EngineError(f"{where}: malformed score reply for {len(o)} tokens: {str(sc)[:200]}")
+        return scores
 
 
-def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: int, natural: bool,
-                scored: tuple[int, int], min_valid: float = 0.97, length_tolerance: float = 0.10) -> TimedCheck:
+@dataclass(frozen=True)
+class TimedRules:
+    """What the gate's timed checks need besides the outputs; tolerances from PostValConfig."""
+    thresholds: GateThresholds
+    calibration: Calibration
+    eos_ids: list[int]
+    eos_scale: float
+    vocab: int
+    context: int
+
+
+def timed_rules(c: PostValConfig, eos_ids: list[int], eos_scale: float, vocab: int, context: int) -> TimedRules:
+    from ..evaluator.config import GateThresholds
+    from ..evaluator.schema import Calibration
+
+    # Rounded so that timed_min_valid itself lies on the passing side of 1 - (1 - timed_min_valid).
+    tolerance = {"top1": round(1 - c.timed_min_valid, 12), "length": c.timed_length_tolerance}
+    return TimedRules(GateThresholds(greedy_margin=c.timed_margin),
+                      Calibration(method="post-validation: configured", noise={}, tolerance=tolerance, positions=0,
+                                  requests=0), list(eos_ids), eos_scale, vocab, context)
+
+
+def judge_timed(vanilla_scorer, workload: str, prompts: Sequence[Sequence[Sequence[int]]], sampling: Sampling,
+                timings: Mapping[EngineName, Sequence[Timing]], rules: TimedRules) -> list[CheckResult]:
+    """The gate's timed checks (evaluator.timed) on one timed set, every repetition: each request answered, lengths
+    and EOS rules, every candidate token vanilla's top-1 up to a near-tie, every stop within the stop margin, and
+    at natural length the lengths where the texts agree up to a stop and the direction of early ends.
+    prompts: per repetition, per request."""
+    from ..evaluator.engines import GenerationOut
+    from ..evaluator.speed import TimedOutputs
+    from ..evaluator.timed import timed_checks
+    from ..evaluator.workloads import PromptSet
+
+    sets = [PromptSet(workload, tuple(str(i) for i in range(len(rep))), tuple(tuple(p) for p in rep),
+                      (sampling,) * len(rep)) for rep in prompts]
+    outputs = {n: [[None if o is None else GenerationOut(token_ids=o, finish_reason=f)
+                    for o, f in zip(t.outputs, t.finish, strict=True)] for t in timings[n]] for n in ENGINES}
+    timed = TimedOutputs(sets={workload: sets}, outputs={workload: outputs})
+    return timed_checks(vanilla_scorer, timed, rules.calibration, rules.thresholds, rules.eos_ids, rules.vocab,
+                        rules.context, rules.eos_scale)
+
+
+def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: int,
+                checks: Sequence[CheckResult]) -> TimedCheck:
     """Pairs the candidate's output for each timed request (every repetition) with vanilla's for the same one;
-    scored: reference_scoring's (valid tokens, all tokens).
-
-    Flagged when fewer than min_valid of the candidate's timed tokens are vanilla's top-1 up to the margin, when
-    at natural length the summed lengths differ by more than length_tolerance, or when a request got no (or more
-    than one) reply or an output longer than max_new_tokens. Token-identical outputs and the first divergence
-    are reported: bf16 engines that round differently part at near-ties and stay valid."""
+    checks: judge_timed's. Flagged when any of them fails, or a request got more than one reply. Token-identical
+    outputs and the first divergence are reported: bf16 engines that round differently part at near-ties and
+    stay valid."""
     n = identical = div = 0
     len_c = len_v = missing = over = 0
     for tc, tv in zip(cand, van, strict=True):
@@ -242,21 +275,16 @@ def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: i
             div += first_divergence(oc, ov)
             len_c += min(len(oc), max_new_tokens)
             len_v += len(ov)
-    frac = identical / n if n else 1.0
-    valid_frac = scored[0] / scored[1] if scored[1] else 1.0
+    extra = sum(t.extra_replies for t in cand)
+    reasons = [f"{c.name.rsplit('.', 1)[-1]}: {c.detail}" for c in checks if not c.passed]
+    if extra:
+        reasons.append(f"{extra} replies beyond one per request")
+    valid = next((c.value for c in checks if c.name.endswith(".greedy_valid") and c.value is not None), None)
     ratio = len_c / len_v if len_v else (1.0 if not len_c else math.inf)
-    reasons = []
-    if valid_frac < min_valid:
-        reasons.append(f"{valid_frac:.3f} of the timed tokens are vanilla's top-1 up to a near-tie (< {min_valid:g})")
-    if natural and abs(ratio - 1.0) > length_tolerance + 1e-9:
-        reasons.append(f"summed output length {ratio:.2f}x vanilla's (outside ±{100 * length_tolerance:g} %)")
-    if missing:
-        reasons.append(f"{missing} requests without exactly one reply")
-    if over:
-        reasons.append(f"{over} outputs longer than max_new_tokens {max_new_tokens}")
-    return TimedCheck(requests=n, identical_frac=frac, first_divergence_mean=div / n if n else 0.0,
-                      valid_frac=valid_frac, length_ratio=ratio if math.isfinite(ratio) else 1e9, missing=missing,
-                      over_length=over, flagged=bool(reasons), reasons=reasons)
+    return TimedCheck(requests=n, identical_frac=identical / n if n else 1.0,
+                      first_divergence_mean=div / n if n else 0.0, valid_frac=1.0 if valid is None else valid,
+                      length_ratio=ratio if math.isfinite(ratio) else 1e9, missing=missing, over_length=over,
+                      flagged=bool(reasons), reasons=reasons, checks=list(checks))
 
 
 # ---- summaries -----------------------------------------------------------------------------------------------
@@ -287,16 +315,15 @@ def summarize_measure(name: EngineName, timings: Sequence[Timing], prompt_lens: 
         request_new_tokens=out_lens if per_request else [], request_latency_s=per_request)
 
 
-def compare(ts: TimedSet, sampling: Sampling, timings: dict[EngineName, list[Timing]], scored: tuple[int, int],
-            bound: BoundFn | None = None, min_valid: float = 0.97, length_tolerance: float = 0.10
-            ) -> SpeedComparison:
+def compare(ts: TimedSet, sampling: Sampling, timings: dict[EngineName, list[Timing]],
+            checks: Sequence[CheckResult], bound: BoundFn | None = None) -> SpeedComparison:
+    """checks: judge_timed's on this set."""
     lens = [len(p.tokens) for rep in ts.reps for p in rep]
     cand = summarize_measure("candidate", timings["candidate"], lens, ts.mode, sampling.max_new_tokens, bound)
     van = summarize_measure("vanilla", timings["vanilla"], lens, ts.mode, sampling.max_new_tokens, bound)
     # Repetition i of A and of B ran back to back on the same prompts: pair them.
     ratios = [a / b for a, b in zip(cand.tok_per_s.values, van.tok_per_s.values, strict=True)]
-    check = timed_check(timings["candidate"], timings["vanilla"], sampling.max_new_tokens, not sampling.ignore_eos,
-                        scored, min_valid, length_tolerance)
+    check = timed_check(timings["candidate"], timings["vanilla"], sampling.max_new_tokens, checks)
     return SpeedComparison(workload=ts.workload, kind=ts.kind, mode=ts.mode, requests=ts.requests,
                            max_new_tokens=sampling.max_new_tokens, ignore_eos=sampling.ignore_eos,
                            prompt_len_mean=statistics.fmean(lens), candidate=cand, vanilla=van,

@@ -43,8 +43,9 @@ def accuracy_status(result: PostValResult) -> str:
 def timed_status(result: PostValResult) -> str:
     """One line: whether the candidate's timed outputs matched vanilla's in every speed row."""
     c = result.config
-    rule = (f"timed tokens vanilla's top-1 within {c.timed_margin:g} nats ≥ {c.timed_min_valid:g}, natural length "
-            f"within ±{100 * c.timed_length_tolerance:g} %")
+    rule = (f"the gate's timed checks: timed tokens vanilla's top-1 within {c.timed_margin:g} nats ≥ "
+            f"{c.timed_min_valid:g}, every stop within the stop margin, natural length within "
+            f"±{100 * c.timed_length_tolerance:g} % where the texts agree up to a stop, no one-sided early ends")
     bad = [f"{s.workload}/{s.mode}" for s in result.speed + result.workloads if s.timed_flagged]
     if bad:
         return (f"{FLAG} **Timed outputs differ from vanilla's in {', '.join(bad)}** ({rule}): "
