@@ -260,10 +260,11 @@ def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: i
     checks: judge_timed's. Flagged when any of them fails, or a request got more than one reply. Token-identical
     outputs and the first divergence are reported: bf16 engines that round differently part at near-ties and
     stay valid."""
+    extra = sum(t.extra_replies for t in cand)
     n = identical = div = 0
-    len_c = len_v = missing = over = 0
+    len_c = len_v = over = 0
+    missing = extra
     for tc, tv in zip(cand, van, strict=True):
-        missing += tc.extra_replies
         for oc, ov in zip(tc.outputs, tv.outputs, strict=True):
             ov = ov or []
             n += 1
@@ -275,7 +276,6 @@ def timed_check(cand: Sequence[Timing], van: Sequence[Timing], max_new_tokens: i
             div += first_divergence(oc, ov)
             len_c += min(len(oc), max_new_tokens)
             len_v += len(ov)
-    extra = sum(t.extra_replies for t in cand)
     reasons = [f"{c.name.rsplit('.', 1)[-1]}: {c.detail}" for c in checks if not c.passed]
     if extra:
         reasons.append(f"{extra} replies beyond one per request")
