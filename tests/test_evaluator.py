@@ -387,7 +387,8 @@ def test_bad_input_is_refused_with_a_clear_reason(prepared: Path, tmp_path: Path
     (lambda d: (d / "engine" / "usercustomize.py").write_text(""), "usercustomize.py is not allowed"),
     (lambda d: (d / "evil.pth").write_text("import os\n"), "evil.pth is not allowed"),
     (lambda d: (d / "conftest.py").write_text(""), "conftest.py is not allowed"),
-    (lambda d: (d / "engine" / "outside.py").symlink_to("/etc/hostname"), "points outside it"),
+    (lambda d: (d / "engine" / "outside.py").symlink_to("/etc/hostname"), "engine/outside.py is a symlink"),
+    (lambda d: (d / "engine" / ".dvcignore").write_text("*\n"), "engine/.dvcignore is a version-control or DVC"),
 ])
 def test_unsafe_workspace_is_refused(plant, reason: str, prepared: Path, tmp_path: Path) -> None:
     cand = H.copy_engine(tmp_path / "ws")
@@ -463,6 +464,7 @@ def test_snapshot_is_a_private_hashed_copy(tmp_path: Path) -> None:
     (src / "engine" / "engine.py").write_text("# changed after the snapshot\n")
     assert tree_sha256(src) != before and tree_sha256(snap.path) == before
     assert not (snap.path / "engine" / "__pycache__").exists()
-    os.symlink(src / "engine" / "model.py", src / "engine" / "alias.py")  # in-tree links are fine
-    assert snapshot(src, tmp_path / "snap2").path.joinpath("engine", "alias.py").is_file()
+    os.symlink(src / "engine" / "model.py", src / "engine" / "alias.py")  # even an in-tree link is refused
+    with pytest.raises(GateInputError, match="symlink"):
+        snapshot(src, tmp_path / "snap2")
     assert resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY  # the gate never limits itself

@@ -100,16 +100,16 @@ def test_hash_is_stable_and_ignores_caches_and_session_dirs(parent, tmp_path):
     assert tree_hash(parent) != h2
 
 
-def test_symlinks_inside_count_as_files_outside_are_refused(parent, tmp_path):
-    (parent / "engine" / "alias.py").symlink_to(parent / "engine" / "batch.py")
-    assert "engine/alias.py" in tree_files(parent)
-    copy = tmp_path / "copy"
-    copy_tree(parent, copy)
-    assert not (copy / "engine" / "alias.py").is_symlink()
-    assert tree_hash(copy) == tree_hash(parent)
+@pytest.mark.parametrize("where", ["engine/alias.py", "engine/kernels", "leak"])
+def test_a_link_anywhere_is_refused_never_followed(parent, tmp_path, where):
+    """In the tree or out of it, a link is never followed: hash, file list and copy refuse the tree."""
     outside = tmp_path / "secret.txt"
     outside.write_text("s")
-    (parent / "leak").symlink_to(outside)
-    with pytest.raises(TreeError, match="outside"):
-        tree_hash(parent)
-    shutil.rmtree(copy)
+    link = parent / where
+    if link.exists():
+        shutil.rmtree(link) if link.is_dir() else link.unlink()
+    link.symlink_to(parent / "engine" / "batch.py" if where == "engine/alias.py" else outside)
+    for read in (tree_files, tree_hash, lambda p: copy_tree(p, tmp_path / "copy")):
+        with pytest.raises(TreeError, match="symlink"):
+            read(parent)
+    assert not any(f.name == "secret.txt" for f in (tmp_path / "copy").rglob("*"))

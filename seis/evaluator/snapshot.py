@@ -2,17 +2,16 @@
 
 The tree hash is the one of `seis.workspace.tree` (sorted relative paths and file bytes; caches, VCS metadata and
 the session material beside the engine, reports/ and peers/, are not the engine): what the gate judges and what
-the store keeps hash alike. A symlink inside the tree counts as the file it points to (and is copied as that file).
+the store keeps hash alike. A symlink or special file anywhere in the tree is refused, never followed.
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES, TreeError, tree_files, tree_hash
+from ..workspace.tree import TreeError, copy_tree, is_control_file, tree_files, tree_hash
 from .errors import GateInputError
 
 # Files Python (or pytest) would execute on its own if they sat on sys.path / in a site dir.
@@ -26,48 +25,37 @@ class Snapshot:
     sha256: str
 
 
-def _ignored(name: str) -> bool:
-    return name in IGNORED_DIRS or name.endswith(IGNORED_SUFFIXES)
-
-
-def _files(root: Path) -> list[Path]:
-    """The engine tree's files (following in-tree directory symlinks), relative, sorted by POSIX path."""
-    try:
-        return [Path(rel) for rel in tree_files(root)]
-    except TreeError as e:
-        raise GateInputError(f"{root} cannot be judged as an engine tree: {e}") from None
+def _refuse_own_seis(path: Path, what: str) -> None:
+    if os.path.lexists(path / "seis") or os.path.lexists(path / "seis.py"):
+        raise GateInputError(f"{what} dir {path} ships its own 'seis' module, which could shadow the evaluator; "
+                             f"remove it")
 
 
 def validate_engine_tree(root: str | Path, what: str = "candidate", max_bytes: float = float("inf")) -> Path:
-    """The resolved directory, or GateInputError naming the first reason it cannot be evaluated."""
+    """The resolved directory, or GateInputError naming the first reason it cannot be evaluated. For a tree that
+    may still change (an agent's), validate the private copy that `snapshot` makes, not the source."""
     path = Path(root).expanduser()
     if not path.is_dir():
         raise GateInputError(f"{what} dir {path} does not exist or is not a directory")
     path = path.resolve()
-    if not (path / "engine" / "__init__.py").is_file():
+    try:
+        files = tree_files(path)  # refuses links and special files anywhere in the tree
+    except TreeError as e:
+        raise GateInputError(f"{what} dir {path} cannot be judged as an engine tree: {e}") from None
+    if "engine/__init__.py" not in files:
         raise GateInputError(f"{what} dir {path} has no engine package (engine/__init__.py); "
                              f"it must follow engine_template/CONTRACT.md")
-    if (path / "seis").exists() or (path / "seis.py").exists():
-        raise GateInputError(f"{what} dir {path} ships its own 'seis' module, which could shadow the evaluator; "
-                             f"remove it")
+    _refuse_own_seis(path, what)
     total = 0
-    for dirpath, dirnames, filenames in os.walk(path):  # not following links: each link is checked here
-        dirnames[:] = [d for d in dirnames if not _ignored(d)]
-        base = Path(dirpath)
-        for name in dirnames + filenames:
-            entry = base / name
-            rel = entry.relative_to(path)
-            if entry.is_symlink():
-                target = entry.resolve()
-                if target != path and path not in target.parents:
-                    raise GateInputError(f"{what} dir {path}: symlink {rel} points outside it (to {target})")
-                if target.is_dir() and (target == path or target in entry.parents):
-                    raise GateInputError(f"{what} dir {path}: symlink {rel} points to its own ancestor (a loop)")
-            if name in FORBIDDEN_FILES or name.endswith(".pth"):
-                raise GateInputError(f"{what} dir {path}: {rel} is not allowed (Python or pytest would run it "
-                                     f"implicitly); remove it")
-            if entry.is_file() and not entry.is_symlink():
-                total += entry.stat().st_size
+    for rel in files:
+        name = rel.rsplit("/", 1)[-1]
+        if name in FORBIDDEN_FILES or name.endswith(".pth"):
+            raise GateInputError(f"{what} dir {path}: {rel} is not allowed (Python or pytest would run it "
+                                 f"implicitly); remove it")
+        if any(is_control_file(part) for part in rel.split("/")):
+            raise GateInputError(f"{what} dir {path}: {rel} is a version-control or DVC file, which an engine "
+                                 f"tree may not hold; remove it")
+        total += os.lstat(path / rel).st_size
         if total > max_bytes:
             raise GateInputError(f"{what} dir {path} is larger than {max_bytes / 2**20:.0f} MiB")
     return path
@@ -91,11 +79,17 @@ def files_sha256(paths: list[Path], root: Path) -> str:
 
 
 def snapshot(root: str | Path, dest: Path, what: str = "candidate", max_bytes: float = float("inf")) -> Snapshot:
-    """Validate root, copy it to dest (which must not exist), and hash the copy (what actually runs)."""
-    source = validate_engine_tree(root, what, max_bytes)
+    """Copy root to dest (which must not exist) without following any link, then validate and hash the copy:
+    what is judged and run is the private copy, whatever the source does meanwhile."""
+    source = Path(root).expanduser()
+    if not source.is_dir():
+        raise GateInputError(f"{what} dir {source} does not exist or is not a directory")
+    source = source.resolve()
+    _refuse_own_seis(source, what)
     dest.mkdir(parents=True)
-    for rel in _files(source):
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source / rel, target)  # follows in-tree links: the copy holds plain files only
+    try:
+        copy_tree(source, dest, max_total_bytes=max_bytes)
+    except TreeError as e:
+        raise GateInputError(f"{what} dir {source} cannot be judged as an engine tree: {e}") from None
+    validate_engine_tree(dest, what, max_bytes)
     return Snapshot(source=source, path=dest, sha256=tree_sha256(dest))

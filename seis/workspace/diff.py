@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 
-from .tree import tree_files
+from .tree import read_tree_file, tree_files
 
 _NO_EOL = "\\ No newline at end of file\n"
 
@@ -19,7 +20,7 @@ def _text(data: bytes) -> list[str] | None:
 
 
 def _mode(path: Path) -> str:
-    return "100755" if path.stat().st_mode & 0o111 else "100644"
+    return "100755" if os.lstat(path).st_mode & 0o111 else "100644"
 
 
 def _file_diff(rel: str, old: bytes | None, new: bytes | None, mode: str) -> str:
@@ -46,8 +47,8 @@ def diff_trees(old_dir: str | Path, new_dir: str | Path) -> str:
     old_files, new_files = set(tree_files(old_dir)), set(tree_files(new_dir))
     parts = []
     for rel in sorted(old_files | new_files):
-        old = (old_dir / rel).read_bytes() if rel in old_files else None
-        new = (new_dir / rel).read_bytes() if rel in new_files else None
+        old = read_tree_file(old_dir, rel) if rel in old_files else None
+        new = read_tree_file(new_dir, rel) if rel in new_files else None
         if old != new:
             parts.append(_file_diff(rel, old, new, _mode(new_dir / rel if new is not None else old_dir / rel)))
     return "".join(parts)

@@ -5,81 +5,201 @@
 `tree_hash` is the one tree hash of SEIS (POSIX path, NUL, sha256 of the bytes, in sorted path order): the
 workspace, the snapshot store and the evaluator (`seis.evaluator.snapshot.tree_sha256`) all call it, so a
 snapshot id and the gate's hash of the same tree agree.
+
+An engine tree may have been written by an agent, so the host reads it as hostile input: every directory and
+file is opened relative to its parent's descriptor with O_NOFOLLOW, and what was opened is checked through its
+descriptor (fstat), never by path. A symlink, FIFO, socket or device anywhere in the tree is an error, never
+followed, and swapping a directory for a link while a walk is under way cannot lead it out of the tree.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
-import shutil
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 IGNORED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
 IGNORED_SUFFIXES = (".pyc", ".pyo")
 SESSION_DIRS = frozenset({"reports", "peers"})  # top level only: session material, not engine code
+# Version-control and DVC files (and any `*.dvc`): stored inside a DVC repository they would steer DVC and git
+# there, so no engine tree may hold one. (.git is never part of a tree: it is ignored, never copied or hashed.)
+CONTROL_NAMES = frozenset({".dvc", ".dvcignore", "dvc.yaml", "dvc.lock", ".gitignore", ".gitattributes",
+                           ".gitmodules"})
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO planted in place of a file must not block the host
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CHUNK = 1 << 20
 
 
 class TreeError(ValueError):
-    """The directory cannot be treated as an engine tree (missing, or a link leading outside it)."""
+    """The directory cannot be treated as an engine tree (missing, a link, a special file, over a limit)."""
 
 
 def _ignored(name: str) -> bool:
     return name in IGNORED_DIRS or name.endswith(IGNORED_SUFFIXES)
 
 
+def is_control_file(name: str) -> bool:
+    return name in CONTROL_NAMES or name.endswith(".dvc")
+
+
+def safe_mode(mode: int, is_dir: bool) -> int:
+    """The only modes the host gives to what an agent wrote: 0755 for directories and executables, 0644 for the
+    rest. Never setuid, setgid, sticky, or writable by others, whatever the tree asked for."""
+    return 0o755 if is_dir or mode & 0o111 else 0o644
+
+
+def _open_root(root: Path) -> int:
+    try:
+        return os.open(root, _DIR_FLAGS)
+    except FileNotFoundError:
+        raise TreeError(f"{root} is not a directory") from None
+    except OSError as e:
+        raise TreeError(f"{root} cannot be opened as a directory ({e.strerror})") from None
+
+
+def _kind(dir_fd: int, name: str, rel: str) -> str:
+    """"dir" or "file" for an entry seen under dir_fd; a link or special file is a TreeError."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError as e:
+        raise TreeError(f"{rel} cannot be read ({e.strerror})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise TreeError(f"{rel} is a symlink; an engine tree holds plain files only")
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    raise TreeError(f"{rel} is not a regular file (FIFO, socket or device)")
+
+
+def _open_entry(dir_fd: int, name: str, rel: str, kind: str) -> tuple[int, os.stat_result]:
+    """(fd, its stat) of `name` under dir_fd, which must still be of `kind`: whatever replaced it since it was
+    listed (a link, a FIFO) is refused here, through the descriptor, not followed."""
+    try:
+        fd = os.open(name, _DIR_FLAGS if kind == "dir" else _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise TreeError(f"{rel} changed into a symlink or another kind of file while it was read") from None
+        raise TreeError(f"{rel} cannot be opened ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not (stat.S_ISDIR(st.st_mode) if kind == "dir" else stat.S_ISREG(st.st_mode)):
+        os.close(fd)
+        raise TreeError(f"{rel} is not a regular file (FIFO, socket or device)")
+    return fd, st
+
+
+def _walk(dir_fd: int, prefix: str = "") -> Iterator[tuple[str, int, os.stat_result]]:
+    """(relative path, open fd, stat) of every engine-tree file under dir_fd, in sorted path order. Each fd is
+    open until the next item; only the directories on the current path are held open."""
+    entries = []
+    for name in os.listdir(dir_fd):
+        if _ignored(name) or (not prefix and name in SESSION_DIRS):
+            continue
+        kind = _kind(dir_fd, name, prefix + name)
+        # sort key: a directory's files are "name/..." among this level's files, as in a sort of full paths
+        entries.append((name + "/" if kind == "dir" else name, name, kind))
+    for _, name, kind in sorted(entries):
+        rel = prefix + name
+        fd, st = _open_entry(dir_fd, name, rel, kind)
+        try:
+            if kind == "dir":
+                yield from _walk(fd, rel + "/")
+            else:
+                yield rel, fd, st
+        finally:
+            os.close(fd)
+
+
+@contextmanager
+def _files_of(root: str | Path) -> Iterator[Iterator[tuple[str, int, os.stat_result]]]:
+    root_fd = _open_root(Path(root))
+    try:
+        yield _walk(root_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _read_chunks(fd: int) -> Iterator[bytes]:
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, _CHUNK):
+        yield chunk
+
+
 def tree_files(root: str | Path) -> list[str]:
-    """Relative POSIX paths of the tree's files, sorted. In-tree symlinks count as what they point to."""
-    root = Path(root)
-    if not root.is_dir():
-        raise TreeError(f"{root} is not a directory")
-    real_root = root.resolve()
-    out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        base = Path(dirpath)
-        top = base == root
-        dirnames[:] = sorted(d for d in dirnames if not _ignored(d) and not (top and d in SESSION_DIRS))
-        for name in list(dirnames) + filenames:
-            entry = base / name
-            if entry.is_symlink():
-                target = entry.resolve()
-                if target != real_root and real_root not in target.parents:
-                    raise TreeError(f"{entry.relative_to(root)} is a symlink leading outside {root}")
-                here = base.resolve()
-                if entry.is_dir() and (target == here or target in here.parents):
-                    raise TreeError(f"{entry.relative_to(root)} is a symlink to its own ancestor (a loop)")
-        for f in filenames:
-            if not _ignored(f) and not (base / f).is_file():  # a FIFO, socket or device would block a read
-                raise TreeError(f"{(base / f).relative_to(root)} is not a regular file")
-        out += [(base / f).relative_to(root).as_posix() for f in filenames if not _ignored(f)]
-    return sorted(out)
+    """Relative POSIX paths of the tree's files, sorted. A symlink or special file anywhere is a TreeError."""
+    with _files_of(root) as files:
+        return [rel for rel, _, _ in files]
+
+
+def read_tree_file(root: str | Path, rel: str) -> bytes:
+    """The bytes of one engine-tree file, reached component by component without following a link."""
+    parts = Path(rel).parts
+    if not parts or any(p in ("", ".", "..") for p in parts) or Path(rel).is_absolute():
+        raise TreeError(f"{rel!r} is not a path inside the tree")
+    fd = _open_root(Path(root))
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            child, _ = _open_entry(fd, part, "/".join(parts[:i + 1]), "file" if last else "dir")
+            os.close(fd)
+            fd = child
+        return b"".join(_read_chunks(fd))
+    finally:
+        os.close(fd)
 
 
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
 
 
 def tree_hash(root: str | Path) -> str:
     """sha256 over the sorted relative paths and file bytes of the engine tree (hex)."""
-    root = Path(root)
     h = hashlib.sha256()
-    for rel in tree_files(root):
-        h.update(rel.encode("utf-8") + b"\0")
-        h.update(bytes.fromhex(file_sha256(root / rel)))
+    with _files_of(root) as files:
+        for rel, fd, _ in files:
+            fh = hashlib.sha256()
+            for chunk in _read_chunks(fd):
+                fh.update(chunk)
+            h.update(rel.encode("utf-8") + b"\0")
+            h.update(fh.digest())
     return h.hexdigest()
 
 
-def copy_tree(src: str | Path, dest: str | Path) -> list[str]:
-    """Copy the engine tree of src into dest (created; must not hold files). Links become plain files."""
+def copy_tree(src: str | Path, dest: str | Path, max_file_bytes: float = float("inf"),
+              max_total_bytes: float = float("inf")) -> list[str]:
+    """Copy the engine tree of src into dest (created; must not hold files); returns the copied paths.
+
+    Reads only through descriptors opened without following links (see the module doc), so a tree that changes
+    while it is copied can make the copy fail or differ, but never reach a file outside the tree. Modes are
+    reduced to safe_mode: a copy made as root is never setuid or writable by others."""
     src, dest = Path(src), Path(dest)
-    files = tree_files(src)
     if dest.exists() and any(dest.iterdir()):
         raise TreeError(f"{dest} already exists and is not empty")
     dest.mkdir(parents=True, exist_ok=True)
-    for rel in files:
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / rel, target)  # copy2: content and mode (and mtime) kept
-    return files
+    copied, total = [], 0
+    with _files_of(src) as files:
+        for rel, fd, st in files:
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            size = 0
+            with open(target, "xb") as out:
+                for chunk in _read_chunks(fd):
+                    size += len(chunk)
+                    total += len(chunk)
+                    if size > max_file_bytes:
+                        raise TreeError(f"{rel} is larger than {max_file_bytes / 2**20:.0f} MiB")
+                    if total > max_total_bytes:
+                        raise TreeError(f"{src} is larger than {max_total_bytes / 2**20:.0f} MiB")
+                    out.write(chunk)
+            os.chmod(target, safe_mode(st.st_mode, is_dir=False))
+            copied.append(rel)
+    return copied
