@@ -366,7 +366,8 @@ def test_an_owner_killed_while_its_sandboxes_start_leaves_nothing_after_the_swee
         policy = SandboxPolicy(binds=(Bind(mark, "/m"),), env=allowed_env())
         def churn():
             while True:
-                box = SandboxedProcess(["/bin/sleep", "60"], policy)
+                # the marker on the command line (bwrap's binds are not: it reads them from a descriptor)
+                box = SandboxedProcess(["/bin/sh", "-c", "sleep 60", str(mark)], policy)
                 box.start(); time.sleep(0.02); box.kill()
         for _ in range(4):
             threading.Thread(target=churn, daemon=True).start()

@@ -149,6 +149,50 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or b in a.parents or a in b.parents
 
 
+@functools.lru_cache(maxsize=8)
+def masked_files(forbidden: tuple[Path, ...]) -> tuple[str, ...]:
+    """Files of the shown Python installation that would name a forbidden path (the checkout) inside: an
+    editable install's finder and `direct_url.json`, `.pth` and `.egg-link` files holding the path, and the `.pth`
+    files that import a masked finder (left alone, they would print an error at every interpreter start)."""
+    needles = [str(p.resolve()) for p in forbidden]
+    if not needles:
+        return ()
+    site_dirs = {str(Path(p).resolve()) for p in (*_site_packages(), *sys.path) if p and Path(p).is_dir()}
+    masked: list[str] = []
+    pth: list[Path] = []
+    for site_dir in sorted(site_dirs):
+        if any(_overlaps(Path(site_dir), Path(f)) for f in needles):
+            continue  # not shown at all
+        for entry in Path(site_dir).iterdir():
+            name = entry.name
+            if name.endswith(".pth"):
+                pth.append(entry)
+            candidates = [entry] if name.endswith((".pth", ".egg-link")) or name.startswith("__editable__") else []
+            if name.endswith(".dist-info"):
+                candidates.append(entry / "direct_url.json")
+            masked += [str(c) for c in candidates if c.is_file() and _names_any(c, needles)]
+    finders = {Path(m).stem: Path(m).parent for m in masked if m.endswith(".py")}
+    masked += [str(p) for p in pth if str(p) not in masked and finders and _names_any(p, sorted(finders))]
+    for stem, where in finders.items():  # their compiled copies hold the same path
+        masked += [str(c) for c in (where / "__pycache__").glob(f"{stem}.*.pyc")]
+    shown = [*python_paths(forbidden), *SYSTEM_DIRS]
+    return tuple(sorted(m for m in set(masked) if any(m.startswith(d.rstrip("/") + "/") for d in shown)))
+
+
+def _site_packages() -> list[str]:
+    import site
+    return [*site.getsitepackages(), site.getusersitepackages()]
+
+
+def _names_any(path: Path, needles: list[str]) -> bool:
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(n in text for n in needles)
+
+
 def system_args() -> list[str]:
     # /etc is made here, not implied by its first bind: bwrap would make it with the caller's umask (0700 under
     # umask 077), leaving the sandbox user unable to reach the loader cache or /etc/alternatives (/usr/local/cuda)
@@ -157,6 +201,8 @@ def system_args() -> list[str]:
         args += _show(d)
     for name in ETC_FILES:
         args += _show(f"/etc/{name}")
+    if Path("/sys/fs").is_dir():  # the host's cgroup and filesystem layout: nothing a process here needs
+        args += ["--perms", "0555", "--tmpfs", "/sys/fs"]
     return args
 
 
@@ -181,11 +227,16 @@ def _mounts(mounts: list[tuple[str, str, bool]]) -> list[str]:
 def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: int,
             forbidden: tuple[Path, ...]) -> list[str]:
     """The full bwrap invocation running argv under policy (uid: the sandbox user, or None when unprivileged)."""
+    return ["bwrap", *options(policy, uid, info_fd, forbidden), "--", *user_switch(uid), *argv]
+
+
+def options(policy: SandboxPolicy, uid: int | None, info_fd: int, forbidden: tuple[Path, ...]) -> list[str]:
+    """bwrap's options for policy: namespaces, mounts (host paths), environment; not the command."""
     lim = policy.limits
-    args = ["bwrap", *namespace_args(root=uid is not None, network=policy.network), *system_args(),
+    args = [*namespace_args(root=uid is not None, network=policy.network), *system_args(),
             *network_args(policy.network),
             "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--tmpfs", "/dev/shm",
+            "--perms", "1777", "--size", str(lim.shm_bytes), "--tmpfs", "/dev/shm",
             "--perms", "1777", "--size", str(lim.scratch_bytes), "--tmpfs", "/tmp",
             "--perms", "1777", "--dir", "/tmp/home"]
     if policy.gpus != ():
@@ -193,7 +244,9 @@ def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: in
     mounts = [(p, p, False) for p in python_paths(forbidden)]
     mounts += [(str(b.src), b.dest, b.writable) for b in policy.binds]
     args += _mounts(mounts)
+    for path in masked_files(forbidden):  # install records that name the checkout: shown empty
+        args += ["--ro-bind", "/dev/null", path]
     args += ["--chdir", policy.cwd, "--info-fd", str(info_fd), "--clearenv"]
     for key, value in sorted(policy.env.items()):
         args += ["--setenv", key, value]
-    return [*args, "--", *user_switch(uid), *argv]
+    return args

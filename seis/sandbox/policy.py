@@ -43,13 +43,17 @@ class Bind:
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-process limits, inherited by everything the sandboxed process starts."""
+    """Limits inherited by everything the sandboxed process starts (per process, and for the whole sandbox)."""
 
     max_processes: int = 2048              # RLIMIT_NPROC of the sandbox's own user (threads count)
     memory_bytes: int | None = None        # RLIMIT_AS; None on CUDA, whose address space reservation is huge
     max_file_bytes: int = 4 * 2**30        # RLIMIT_FSIZE: no single file (logs, caches) past this
     scratch_bytes: int = 8 * 2**30         # size of the private /tmp (RAM-backed, gone with the sandbox)
+    shm_bytes: int = 1 * 2**30             # size of the private /dev/shm (RAM-backed too)
     open_files: int = 65536
+    # Everything the sandbox holds at once (processes, /tmp and /dev/shm pages): a memory cgroup where the host
+    # lets SEIS make one, else RLIMIT_AS per process for a sandbox without GPUs; None: no such bound
+    sandbox_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import bwrap
+from .cgroup import MemoryCage
 from .policy import SAFE_PATH, SandboxPolicy
 
 UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), never a real account
@@ -171,14 +172,19 @@ def sweep_leftovers() -> int:
             os.close(fd)
 
 
-def _limit_args(policy: SandboxPolicy) -> list[str]:
+def _limit_args(policy: SandboxPolicy, caged: bool) -> list[str]:
     """`prlimit` in front of bwrap, so the limits hold for everything started inside. Not a preexec_fn: Python
-    code between fork and exec can deadlock in a process with threads, and gates start engines from threads."""
+    code between fork and exec can deadlock in a process with threads, and gates start engines from threads.
+    Without a memory cgroup (`caged`), a sandbox without GPUs gets its whole-sandbox bound as RLIMIT_AS per
+    process (CUDA reserves far more address space than it uses, so GPU sandboxes cannot)."""
     lim = policy.limits
     wanted = [("nproc", resource.RLIMIT_NPROC, lim.max_processes), ("fsize", resource.RLIMIT_FSIZE,
               lim.max_file_bytes), ("nofile", resource.RLIMIT_NOFILE, lim.open_files), ("core", resource.RLIMIT_CORE, 0)]
-    if lim.memory_bytes is not None:
-        wanted.append(("as", resource.RLIMIT_AS, lim.memory_bytes))
+    address_space = lim.memory_bytes
+    if not caged and lim.sandbox_memory_bytes is not None and policy.gpus == ():
+        address_space = min(address_space or lim.sandbox_memory_bytes, lim.sandbox_memory_bytes)
+    if address_space is not None:
+        wanted.append(("as", resource.RLIMIT_AS, address_space))
     args = ["prlimit"]
     for name, which, value in wanted:  # never above the current hard limit
         hard = resource.getrlimit(which)[1]
@@ -201,6 +207,8 @@ class SandboxedProcess:
         self.init_pid: int | None = None   # the namespace's first process, as the host sees it
         self._ns: str | None = None
         self._lease: _UidLease | None = None
+        self.cage: MemoryCage | None = None   # the memory cgroup bounding the whole sandbox, when there is one
+        self._oom_kills = 0
 
     @property
     def description(self) -> str:
@@ -215,6 +223,8 @@ class SandboxedProcess:
         if os.geteuid() == 0:
             self._lease = _UidLease()
             self.uid = self._lease.uid
+            if self.policy.limits.sandbox_memory_bytes is not None:
+                self.cage = MemoryCage.create(f"seis-sandbox-{self.uid}", self.policy.limits.sandbox_memory_bytes)
             for b in self.policy.binds:
                 if b.writable:
                     _chown_tree(b.src, self.uid)
@@ -226,12 +236,17 @@ class SandboxedProcess:
                **self.policy.env}
         policy = dataclasses.replace(self.policy, env=env)
         read_fd, write_fd = os.pipe()
+        args_fd = None
         try:
-            cmd = bwrap.command(policy, self.argv, self.uid, write_fd, self.forbidden)
-            self.proc = subprocess.Popen([*_limit_args(policy), *cmd], stdin=subprocess.PIPE,
+            # bwrap reads its options from a file descriptor, so its init (pid 1 inside, whose command line every
+            # process of the sandbox can read) shows `bwrap --args N -- <command>`, not the host paths it binds
+            args_fd = _args_file(bwrap.options(policy, self.uid, write_fd, self.forbidden))
+            launch = [*(self.cage.enter_argv() if self.cage else []), *_limit_args(policy, self.cage is not None),
+                      "bwrap", "--args", str(args_fd), "--", *bwrap.user_switch(self.uid), *self.argv]
+            self.proc = subprocess.Popen(launch, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE,
                                          stderr=self.stderr if self.stderr is not None else subprocess.DEVNULL,
-                                         pass_fds=(write_fd,), start_new_session=True,
+                                         pass_fds=(write_fd, args_fd), start_new_session=True,
                                          # bwrap's own init (pid 1 inside) keeps the environment it started
                                          # with: give it nothing of ours (no keys in /proc/1/environ)
                                          env={"PATH": os.environ.get("PATH") or SAFE_PATH})
@@ -241,6 +256,8 @@ class SandboxedProcess:
             raise
         finally:
             os.close(write_fd)
+            if args_fd is not None:
+                os.close(args_fd)
         with _STARTED_LOCK:  # from here on, an interrupt's kill_all() ends it even while it is still starting
             _STARTED.add(self)
         with os.fdopen(read_fd, "rb") as info:
@@ -333,10 +350,27 @@ class SandboxedProcess:
         if left:
             raise SandboxError(f"sandbox processes {left} survived SIGKILL for {timeout_s:.0f} s")
 
+    def oom_kills(self) -> int:
+        """Processes of this sandbox the kernel killed at its memory bound (0 without a memory cgroup); after
+        kill(), what the cgroup counted before it was removed."""
+        return self.cage.oom_kills() if self.cage is not None else self._oom_kills
+
     def _release(self) -> None:
+        if self.cage is not None:
+            self._oom_kills = self.cage.oom_kills()
+            self.cage.remove()
+            self.cage = None
         if self._lease is not None:
             self._lease.release()
             self._lease = None
+
+
+def _args_file(args: list[str]) -> int:
+    """A descriptor holding args NUL-separated (for bwrap's --args), read from its start."""
+    fd = os.memfd_create("seis-bwrap-args", 0)  # no MFD_CLOEXEC: bwrap inherits it through pass_fds
+    os.write(fd, b"".join(a.encode() + b"\0" for a in args))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def kill_all(timeout_s: float = 10.0) -> int:

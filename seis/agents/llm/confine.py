@@ -21,6 +21,7 @@ background jobs, `nohup`, `setsid` and double forks included), and output beyond
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import threading
 import time
@@ -30,11 +31,16 @@ from pathlib import Path
 
 from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPolicy, SandboxUnavailable, allowed_env,
                          sandbox_gpus)
+from ...sandbox.cgroup import host_memory_bytes
 from ...workspace import PEERS_DIR, REPORTS_DIR
+from ...workspace.tree import is_control_file, safe_mode
 
 WORKSPACE, MODEL, SEIS_FILES = "/workspace", "/model", "/seis"
 SCRATCH_HOME = "/tmp/home"
-AGENT_LIMITS = Limits(max_processes=1024, max_file_bytes=1 * 2**30, scratch_bytes=4 * 2**30)
+# The whole sandbox (its processes, /tmp and /dev/shm) within half the host's memory, at most 16 GiB: an agent
+# cannot take the orchestrator down with it.
+AGENT_LIMITS = Limits(max_processes=1024, max_file_bytes=1 * 2**30, scratch_bytes=4 * 2**30, shm_bytes=1 * 2**30,
+                      sandbox_memory_bytes=max(2 * 2**30, min(16 * 2**30, host_memory_bytes() // 2)))
 MAX_OUTPUT_BYTES = 20_000
 
 
@@ -94,6 +100,7 @@ class Confined:
     cut: int = 0                 # bytes of output dropped past the cap
     wall_s: float = 0.0
     error: str | None = None     # the sandbox could not start, or could not be ended
+    memory_note: str | None = None  # the kernel killed a process of it at the sandbox's memory bound
 
     def text(self, which: str = "stdout") -> str:
         return (self.stdout if which == "stdout" else self.stderr).decode("utf-8", errors="replace")
@@ -176,12 +183,15 @@ def run_confined(argv: list[str], policy: SandboxPolicy, timeout_s: float, *, st
         box.kill()  # the whole tree, whether the command returned or not
     except SandboxError as e:
         error = str(e)
+    oom = box.oom_kills()
+    memory_note = (f"the sandbox reached its memory limit ({policy.limits.sandbox_memory_bytes / 2**30:.1f} GiB for "
+                   f"its processes, /tmp and /dev/shm together): the kernel killed {oom} process(es)") if oom else None
     for r in readers:
         r.thread.join(timeout=2.0)  # every writer is dead: EOF follows at once (never wait on a survivor)
     out, cut = readers[0].result()
     err, cut2 = readers[1].result() if len(readers) > 1 else (b"", 0)
     return Confined(None if timed_out else proc.returncode, out, err, timed_out, cut + cut2,
-                    time.monotonic() - t0, error)
+                    time.monotonic() - t0, error, memory_note)
 
 
 # --- after a session: the workspace as the host may use it ------------------------------------------------------
@@ -192,73 +202,110 @@ MAX_TREE_BYTES = 512 * 2**20      # the whole workspace
 
 def sanitize_workspace(root: Path) -> list[str]:
     """Make the workspace safe for the host to hash, diff, copy and gate (no agent process is alive when this
-    runs): every symlink, FIFO, socket or device node is removed, so are files larger than MAX_FILE_BYTES,
-    names that are not UTF-8 or hold a newline; ownership (as root) goes back to this process's user and every
-    entry becomes readable. Returns one line per problem found (empty: the tree was clean); a non-empty answer
-    rejects the session."""
+    runs). Removed: every symlink, FIFO, socket or device node, hard-linked files, files larger than
+    MAX_FILE_BYTES, names that are not UTF-8 or hold control characters, and version-control or DVC files
+    (they would steer the store's repository). Every entry left gets, through a descriptor opened without
+    following links, this process's owner (as root) and a fixed safe mode (`safe_mode`: never setuid, setgid,
+    sticky or writable by others; never a mode read before the chown). Returns one line per problem found
+    (empty: the tree was clean); a non-empty answer rejects the session."""
     root = Path(root)
     problems: list[str] = []
-    uid, gid = os.geteuid(), os.getegid()
     total = 0
 
-    def fix(path: str, st: os.stat_result, is_dir: bool) -> None:
+    def remove(dir_fd: int, name: str, rel: str, why: str, is_dir: bool = False) -> None:
+        problems.append(f"{_printable(rel)}{'/' if is_dir else ''}: {why} (removed)")
         try:
-            if uid == 0 and (st.st_uid != uid or st.st_gid != gid):
-                os.chown(path, uid, gid, follow_symlinks=False)
-            want = stat.S_IMODE(st.st_mode) | (0o700 if is_dir else 0o600)
-            if want != stat.S_IMODE(st.st_mode):
-                os.chmod(path, want, follow_symlinks=False)
+            shutil.rmtree(name, dir_fd=dir_fd) if is_dir else os.unlink(name, dir_fd=dir_fd)
         except OSError:
             pass
 
-    def remove(path: str, why: str) -> None:
-        rel = os.path.relpath(path, root)
-        problems.append(f"{_printable(rel)}: {why} (removed)")
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    try:
-        fix(str(root), os.lstat(root), True)
-    except OSError as e:
-        return [f"workspace unreadable: {e.strerror}"]
-    stack = [str(root)]
-    while stack:
-        top = stack.pop()
-        try:
-            entries = list(os.scandir(top))
-        except OSError as e:
-            problems.append(f"{_printable(os.path.relpath(top, root))}: unreadable directory ({e.strerror})")
-            continue
-        for entry in sorted(entries, key=lambda e: e.name):
-            path = entry.path
+    def walk(dir_fd: int, prefix: str) -> None:
+        nonlocal total
+        for name in sorted(os.listdir(dir_fd)):
+            rel = prefix + name
             try:
-                st = os.lstat(path)
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except OSError:
                 continue
-            bad_name = _bad_name(entry.name)
+            why = _bad_name(name) or (f"a {_kind_of_control(name)} file, which an engine tree may not hold"
+                                      if is_control_file(name) and name != ".git" else None)
             if stat.S_ISLNK(st.st_mode):
-                remove(path, f"a symlink to {_printable(os.readlink(path))}; the engine tree holds plain files only")
+                target = os.readlink(name, dir_fd=dir_fd)
+                remove(dir_fd, name, rel, f"a symlink to {_printable(target)}; the engine tree holds plain files only")
             elif stat.S_ISDIR(st.st_mode):
-                fix(path, st, True)
-                if bad_name:
-                    import shutil
-                    problems.append(f"{_printable(os.path.relpath(path, root))}/: {bad_name} (removed)")
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    stack.append(path)
+                if why:
+                    remove(dir_fd, name, rel, why, is_dir=True)
+                    continue
+                fd = _open_nofollow(dir_fd, name, directory=True)
+                if fd is None:
+                    problems.append(f"{_printable(rel)}/: unreadable directory")
+                    continue
+                try:
+                    _own_and_restrict(fd, is_dir=True)
+                    walk(fd, rel + "/")
+                finally:
+                    os.close(fd)
             elif not stat.S_ISREG(st.st_mode):
-                remove(path, "not a regular file (FIFO, socket or device)")
-            elif bad_name:
-                remove(path, bad_name)
+                remove(dir_fd, name, rel, "not a regular file (FIFO, socket or device)")
+            elif why:
+                remove(dir_fd, name, rel, why)
+            elif st.st_nlink > 1:
+                remove(dir_fd, name, rel, "a hard link; the engine tree holds plain files only")
             elif st.st_size > MAX_FILE_BYTES:
-                remove(path, f"{st.st_size / 2**20:.0f} MiB, more than {MAX_FILE_BYTES // 2**20} MiB per file")
+                remove(dir_fd, name, rel, f"{st.st_size / 2**20:.0f} MiB, more than {MAX_FILE_BYTES // 2**20} MiB "
+                                          f"per file")
             else:
-                fix(path, st, False)
+                fd = _open_nofollow(dir_fd, name, directory=False)
+                if fd is None:
+                    remove(dir_fd, name, rel, "changed while it was checked")
+                    continue
+                try:
+                    _own_and_restrict(fd, is_dir=False)
+                finally:
+                    os.close(fd)
                 total += st.st_size
+
+    root_fd = _open_nofollow(None, str(root), directory=True)
+    if root_fd is None:
+        return ["workspace unreadable: not a directory, or a link"]
+    try:
+        _own_and_restrict(root_fd, is_dir=True)
+        walk(root_fd, "")
+    finally:
+        os.close(root_fd)
     if total > MAX_TREE_BYTES:
         problems.append(f"the workspace holds {total / 2**20:.0f} MiB, more than {MAX_TREE_BYTES // 2**20} MiB")
     return problems
+
+
+def _open_nofollow(dir_fd: int | None, name: str, directory: bool) -> int | None:
+    """A descriptor of `name` that is a directory (or regular file) and not a link, or None."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if directory else os.O_NONBLOCK)
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _own_and_restrict(fd: int, is_dir: bool) -> None:
+    """Owner: this process (as root: the sandbox uid owned what it wrote). Mode: safe_mode, set after the chown
+    and from nothing but the executable bit, so no setuid bit or world-writable mode survives either way."""
+    st = os.fstat(fd)
+    try:
+        if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):
+            os.fchown(fd, 0, 0)
+        os.fchmod(fd, safe_mode(st.st_mode, is_dir))
+    except OSError:
+        pass
+
+
+def _kind_of_control(name: str) -> str:
+    return "DVC" if name.startswith(".dvc") or name.endswith(".dvc") else "version-control"
 
 
 def _bad_name(name: str) -> str | None:
