@@ -143,7 +143,7 @@ class CliAgent:
                                          network="host" if network == "host" else "none")
             done = run_confined(["bash", "-c", _WRAPPER, "seis-cli", s.command], policy, timeout,
                                 stdin=prompt_text.encode("utf-8"), max_output_bytes=MAX_CLI_OUTPUT_BYTES,
-                                merge_stderr=False)
+                                merge_stderr=False, on_start=bench.attach if bench is not None else None)
         except Exception as e:  # noqa: BLE001 - e.g. a socket could not be made: the session fails, the run goes on
             done = Confined(None, b"", b"", False, error=f"the cli agent could not start: {type(e).__name__}: {e}")
         finally:
@@ -155,11 +155,13 @@ class CliAgent:
             shutil.rmtree(private, ignore_errors=True)
         rc, out, err = done.returncode, done.text("stdout"), done.text("stderr")
         reason = done.error or (f"command killed at the wall-clock limit ({timeout:g} s)" if done.timed_out
-                                else None)
+                                else done.memory_note)
         transcript.log("process", returncode=rc, stdout=out, stderr=err, timed_out=done.timed_out,
                        output_cut_bytes=done.cut, wall_s=round(done.wall_s, 3),
                        dev_benchmark_runs=bench.runs if bench else 0,
-                       **({"network_passed": proxy.passed, "network_refused": proxy.refused} if proxy else {}))
+                       memory=done.memory_note,
+                       **({"network_passed": proxy.passed, "network_refused": proxy.refused,
+                           "network_overloaded": proxy.overloaded} if proxy else {}))
         report = redactor.text(_read_report(report_path))
         changes, report = parse_changes(report)
         finished = rc == 0 and reason is None

@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, replace
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ...sandbox import SandboxError, frozen
+from ...sandbox.scope import ProcessScope, ScopeClosed, die_with_parent
+from ...workspace.tree import TreeError, copy_tree
+from .confine import MAX_FILE_BYTES, MAX_TREE_BYTES
 from .secrets import SECRET_NAME, secret_values
 from .sockets import accept_until
 
@@ -46,20 +51,19 @@ def harness_env(environ=None) -> dict[str, str]:
 
 
 def run_tree(argv: list[str], timeout_s: float, cwd: Path | None = None, env: dict | None = None,
-             max_bytes: int = MAX_TABLE_BYTES) -> tuple[int | None, str]:
-    """(exit code or None at the time limit, stdout capped) of argv; its process group is killed either way."""
+             max_bytes: int = MAX_TABLE_BYTES, scope: ProcessScope | None = None) -> tuple[int | None, str]:
+    """(exit code or None at the time limit, stdout capped) of argv; its process group is killed either way.
+    Started in `scope` (the session's), it is also killed when the scope closes."""
     from .confine import _Capped
-    proc = subprocess.Popen(argv, cwd=cwd, env=harness_env() if env is None else env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    scope = scope or ProcessScope()
+    proc = scope.popen(argv, cwd=cwd, env=harness_env() if env is None else env, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     reader = _Capped(proc.stdout, max_bytes)
     try:
         rc: int | None = proc.wait(timeout=max(0.0, timeout_s))
     except subprocess.TimeoutExpired:
         rc = None
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group, and the child at the limit
-    except (ProcessLookupError, PermissionError):
-        pass
+    scope.done(proc)  # leftovers of the group, and the child at the limit
     proc.wait()
     reader.thread.join(timeout=5.0)
     return rc, reader.result()[0].decode("utf-8", errors="replace")
@@ -76,6 +80,7 @@ class SubprocessDevBenchmark:
     seed: int = 0
     timeout_s: float = 1800.0
     deadline: float | None = None  # time.monotonic() past which no benchmark may run (the session's end)
+    scope: ProcessScope | None = field(default=None, compare=False)  # the session's: killed with it
 
     def for_parent(self, parent: Path) -> "SubprocessDevBenchmark":
         """The same benchmark with the session's parent tree as the 'parent' row (unless one was set)."""
@@ -83,11 +88,15 @@ class SubprocessDevBenchmark:
 
     def argv(self, candidate: Path) -> list[str]:
         argv = [sys.executable, "-m", "seis.agents.llm.devbench", "--candidate", str(candidate), "--model",
-                self.model, "--device", self.device, "--sizes", self.sizes, "--seed", str(self.seed)]
+                self.model, "--device", self.device, "--sizes", self.sizes, "--seed", str(self.seed),
+                "--watch-pid", str(os.getpid())]
         return argv + (["--parent", str(self.parent)] if self.parent else [])
 
     def until(self, deadline: float | None) -> "SubprocessDevBenchmark":
         return replace(self, deadline=deadline)
+
+    def within(self, scope: ProcessScope) -> "SubprocessDevBenchmark":
+        return replace(self, scope=scope)
 
     def __call__(self, candidate: Path, timeout_s: float | None = None) -> str:
         limit = self.timeout_s if timeout_s is None else min(self.timeout_s, timeout_s)
@@ -95,7 +104,10 @@ class SubprocessDevBenchmark:
             limit = min(limit, self.deadline - time.monotonic())
         if limit <= 1:
             return "dev benchmark: not run, the session's time is spent"
-        rc, out = run_tree(self.argv(candidate), limit, cwd=PROJECT_ROOT)
+        try:
+            rc, out = run_tree(self.argv(candidate), limit, cwd=PROJECT_ROOT, scope=self.scope)
+        except ScopeClosed:
+            return "dev benchmark: not run, the session has ended"
         if rc is None:
             return f"dev benchmark: no result within {limit:.0f} s (killed)"
         # stdout only: the table, or one line saying why there is none (stderr may hold evaluator internals).
@@ -117,11 +129,17 @@ sys.exit(0 if text.startswith("Dev benchmark") else 1)
 
 class BenchService:
     """The dev benchmark for a sandboxed process: a unix socket (in a private host directory, shown in the
-    sandbox as /seis/bench.sock) that runs `bench` on the workspace, one request at a time, and answers with
-    the table text. `files()` are the binds to add; `command` is what $SEIS_DEV_BENCHMARK says."""
+    sandbox as /seis/bench.sock) that runs `bench` on a private copy of the workspace, one request at a time, and
+    answers with the table text. `files()` are the binds to add; `command` is what $SEIS_DEV_BENCHMARK says.
+
+    The agent is still running while it asks, so its tree is copied only while its whole sandbox is frozen
+    (`attach`), by a copy that never follows a link (`copy_tree`); the benchmark then runs on that copy. Every
+    process a benchmark starts is in this service's scope: `close` kills them, so none outlives the session."""
 
     def __init__(self, bench, workspace: Path, redact=lambda s: s):
-        self.bench, self.workspace, self.redact = bench, Path(workspace), redact
+        self.scope = ProcessScope()
+        self.bench = bench.within(self.scope) if hasattr(bench, "within") else bench
+        self.workspace, self.redact = Path(workspace), redact
         self.dir = Path(tempfile.mkdtemp(prefix="seis-bench-"))
         os.chmod(self.dir, 0o700)
         self.sock_path = self.dir / "bench.sock"
@@ -134,6 +152,7 @@ class BenchService:
         self.sock.listen(4)
         self.sock.settimeout(0.5)
         self.runs = 0
+        self._box = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -143,6 +162,10 @@ class BenchService:
     def files(self) -> dict[str, Path]:
         return {"bench.sock": self.sock_path, "bench_client.py": self.client_path}
 
+    def attach(self, sandbox) -> None:
+        """The agent's sandbox (a SandboxedProcess), frozen while its workspace is copied."""
+        self._box = sandbox
+
     def _serve(self) -> None:
         for conn in accept_until(self.sock, self._stop):
             with conn:
@@ -150,19 +173,35 @@ class BenchService:
                     conn.settimeout(10)
                     conn.recv(16)
                     self.runs += 1
-                    text = self.redact(str(self.bench(self.workspace)))
+                    text = self.redact(self._run())
                     conn.sendall(text.encode("utf-8", "replace")[:MAX_TABLE_BYTES])
                 except OSError:
                     pass
 
+    def _run(self) -> str:
+        scratch = Path(tempfile.mkdtemp(prefix="seis-bench-tree-"))
+        try:
+            os.chmod(scratch, 0o700)
+            tree = scratch / "tree"
+            try:
+                with frozen([self._box]) if self._box is not None else nullcontext():
+                    copy_tree(self.workspace, tree, max_file_bytes=MAX_FILE_BYTES, max_total_bytes=MAX_TREE_BYTES)
+            except (TreeError, SandboxError, OSError) as e:
+                why = str(e).replace(str(self.workspace), "/workspace")
+                return f"dev benchmark refused: the workspace cannot be copied as an engine tree: {why}"
+            return str(self.bench(tree))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
     def close(self) -> None:
+        """Stop serving and kill any benchmark still running (its engines die with it)."""
         self._stop.set()
         try:
             self.sock.close()
         except OSError:
             pass
+        self.scope.close()
         self._thread.join(timeout=10)
-        import shutil
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -185,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--sizes", choices=("smoke", "quick", "full"), default="quick")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--watch-pid", type=int, help="die with this process (the SEIS process that started us)")
     args = p.parse_args(argv)
+    if args.watch_pid:
+        die_with_parent(args.watch_pid)
     from ...evaluator import run_dev_benchmark, render_dev_benchmark
     try:
         print(render_dev_benchmark(run_dev_benchmark(_gate_config(args))))
