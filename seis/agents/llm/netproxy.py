@@ -11,10 +11,12 @@ the host, for allowed names only.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import socket
 import tempfile
 import threading
+import time
 from urllib.parse import urlsplit
 
 from .sockets import accept_until
@@ -22,6 +24,16 @@ from .sockets import accept_until
 PROXY_PORT = 18080
 MAX_HEADER_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 15.0
+# A sandboxed agent is hostile until shown otherwise: it must not be able to pin the orchestrator's threads and
+# file descriptors by holding connections open. Each limit below is per proxy (one per cli session).
+MAX_CONNS = 64  # connections served at once, one handler thread each; more get 503 at once
+HEAD_TIMEOUT_S = 10.0  # the whole request head must arrive within this (a deadline, not a per-recv timeout)
+IDLE_TIMEOUT_S = 300.0  # a tunnel with no data in either direction for this long is closed
+
+FORBIDDEN = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+TOO_SLOW = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+BAD_GATEWAY = b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+OVERLOADED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 # Runs inside the sandbox (the interpreter SEIS runs on is part of its system view).
 FORWARDER = r'''
@@ -80,12 +92,21 @@ def proxy_env() -> dict[str, str]:
 
 
 class ApiProxy:
-    """The host side: an HTTP proxy on a unix socket, for the allowed host:port endpoints only."""
+    """The host side: an HTTP proxy on a unix socket, for the allowed host:port endpoints only.
 
-    def __init__(self, allowed: list[str] | tuple[str, ...]):
+    At most `max_conns` connections are served at once (the rest get 503 and count in `overloaded`); a request
+    head must arrive within `head_timeout_s`; a tunnel idle for `idle_timeout_s` either way is closed."""
+
+    def __init__(self, allowed: list[str] | tuple[str, ...], max_conns: int = MAX_CONNS,
+                 head_timeout_s: float = HEAD_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S):
+        if max_conns < 1 or head_timeout_s <= 0 or idle_timeout_s <= 0:
+            raise ValueError("ApiProxy limits must be positive")
         self.allowed = {endpoint(a) for a in allowed}
+        self.max_conns, self.head_timeout_s, self.idle_timeout_s = max_conns, head_timeout_s, idle_timeout_s
         self.refused: list[str] = []
         self.passed: list[str] = []
+        self.overloaded = 0  # connections answered 503 because every slot was taken
+        self.active = 0  # connections being served now (slots taken)
         self.dir = tempfile.mkdtemp(prefix="seis-proxy-")
         os.chmod(self.dir, 0o700)
         self.sock_path = os.path.join(self.dir, "proxy.sock")
@@ -99,7 +120,7 @@ class ApiProxy:
         self.sock.listen(64)
         self.sock.settimeout(0.5)
         self._stop = threading.Event()
-        self._conns: list[socket.socket] = []
+        self._conns: set[socket.socket] = set()  # live sockets only (both ends), so close() can wake them
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, daemon=True, name="seis-api-proxy")
         self._thread.start()
@@ -109,64 +130,106 @@ class ApiProxy:
 
     def _track(self, s: socket.socket) -> None:
         with self._lock:
-            self._conns.append(s)
+            self._conns.add(s)
+
+    def _forget(self, s: socket.socket) -> None:
+        # Closed under the lock: close() shuts down only sockets still tracked, never a reused descriptor.
+        with self._lock:
+            self._conns.discard(s)
+            s.close()
 
     def _serve(self) -> None:
         for conn in accept_until(self.sock, self._stop):
-            self._track(conn)
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            with self._lock:
+                admitted = self.active < self.max_conns
+                if admitted:
+                    self.active += 1
+                    self._conns.add(conn)
+            if admitted:
+                try:
+                    threading.Thread(target=self._handle, args=(conn,), daemon=True,
+                                     name="seis-api-proxy-conn").start()
+                    continue
+                except RuntimeError:  # the host has no thread to give: refuse it like a full proxy
+                    with self._lock:
+                        self.active -= 1
+                        self._conns.discard(conn)
+            self.overloaded += 1
+            _send_quietly(conn, OVERLOADED)  # never blocks: the accept loop must stay free
+            conn.close()
 
     def _handle(self, conn: socket.socket) -> None:
+        """Serves one admitted connection; its slot is given back however this ends."""
         try:
-            conn.settimeout(30)
-            head = b""
-            while b"\r\n\r\n" not in head:
+            if not self._stop.is_set():
+                self._proxy(conn)
+        except OSError:
+            _send_quietly(conn, BAD_GATEWAY)
+        finally:
+            self._forget(conn)
+            with self._lock:
+                self.active -= 1
+
+    def _read_head(self, conn: socket.socket) -> bytes | None:
+        """The request head (up to a blank line and what came after), or None: closed, too big or too slow."""
+        deadline = time.monotonic() + self.head_timeout_s
+        head = b""
+        while b"\r\n\r\n" not in head:
+            left = deadline - time.monotonic()
+            if left <= 0 or len(head) > MAX_HEADER_BYTES:
+                if left <= 0:
+                    _send_quietly(conn, TOO_SLOW)
+                return None
+            conn.settimeout(left)
+            try:
                 chunk = conn.recv(4096)
-                if not chunk or len(head) > MAX_HEADER_BYTES:
-                    conn.close()
-                    return
-                head += chunk
-            head, rest = head.split(b"\r\n\r\n", 1)
-            lines = head.decode("latin-1").split("\r\n")
-            method, target, version = (lines[0].split(" ") + ["", "", ""])[:3]
-            if method.upper() == "CONNECT":
-                where = target.lower()
-                first = b""
-            elif target.lower().startswith("http://"):
-                parts = urlsplit(target)
-                where = f"{(parts.hostname or '').lower()}:{parts.port or 80}"
-                path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-                headers = [h for h in lines[1:] if not h.lower().startswith(("proxy-", "connection:"))]
-                first = "\r\n".join([f"{method} {path} {version}", *headers, "Connection: close"]).encode(
-                    "latin-1") + b"\r\n\r\n" + rest
-                rest = b""
-            else:
-                where, first = target, b""
-            if where not in self.allowed:
-                self.refused.append(f"{method} {where}")
-                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                conn.close()
-                return
-            host, port = where.rsplit(":", 1)
-            up = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
-            self._track(up)
-            self.passed.append(f"{method} {where}")
+            except TimeoutError:
+                continue  # the deadline check above answers
+            if not chunk:
+                return None
+            head += chunk
+        return head
+
+    def _proxy(self, conn: socket.socket) -> None:
+        head = self._read_head(conn)
+        if head is None:
+            return
+        head, rest = head.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, version = (lines[0].split(" ") + ["", "", ""])[:3]
+        if method.upper() == "CONNECT":
+            where = target.lower()
+            first = b""
+        elif target.lower().startswith("http://"):
+            parts = urlsplit(target)
+            where = f"{(parts.hostname or '').lower()}:{parts.port or 80}"
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            headers = [h for h in lines[1:] if not h.lower().startswith(("proxy-", "connection:"))]
+            first = "\r\n".join([f"{method} {path} {version}", *headers, "Connection: close"]).encode(
+                "latin-1") + b"\r\n\r\n" + rest
+            rest = b""
+        else:
+            where, first = target, b""
+        if where not in self.allowed:
+            _note(self.refused, f"{method} {where}")
+            _send_quietly(conn, FORBIDDEN)
+            return
+        host, port = where.rsplit(":", 1)
+        up = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
+        self._track(up)
+        try:
+            _note(self.passed, f"{method} {where}")
+            conn.settimeout(self.idle_timeout_s)
+            up.settimeout(self.idle_timeout_s)
             if method.upper() == "CONNECT":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if rest:
                     up.sendall(rest)
             else:
                 up.sendall(first)
-            conn.settimeout(None)
-            up.settimeout(None)
-            threading.Thread(target=_pipe, args=(conn, up), daemon=True).start()
-            _pipe(up, conn)
-        except OSError:
-            try:
-                conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            except OSError:
-                pass
-            conn.close()
+            _relay(conn, up, self.idle_timeout_s)
+        finally:
+            self._forget(up)
 
     def close(self) -> None:
         self._stop.set()
@@ -177,21 +240,47 @@ class ApiProxy:
         with self._lock:
             for s in self._conns:
                 try:
-                    s.close()
+                    s.shutdown(socket.SHUT_RDWR)  # wakes its handler, which closes it and frees the slot
                 except OSError:
                     pass
         self._thread.join(timeout=2)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _pipe(a: socket.socket, b: socket.socket) -> None:
+def _send_quietly(conn: socket.socket, reply: bytes) -> None:
+    """A short reply without blocking (it fits the socket buffer); a peer that is gone or not reading loses it."""
     try:
-        while data := a.recv(65536):
-            b.sendall(data)
+        conn.settimeout(0)
+        conn.send(reply)
     except OSError:
         pass
-    for s in (a, b):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+
+
+def _relay(a: socket.socket, b: socket.socket, idle_s: float) -> None:
+    """Copies bytes both ways in this one thread until a side ends or fails, or nothing moves for idle_s.
+
+    Both sockets have timeout idle_s, so a peer that stops reading stalls sendall at most that long."""
+    ends = {a.fileno(): (a, b), b.fileno(): (b, a)}
+    poller = select.poll()
+    for fd in ends:
+        poller.register(fd, select.POLLIN)
+    try:
+        while events := poller.poll(idle_s * 1000):
+            for fd, _ in events:
+                src, dst = ends[fd]
+                data = src.recv(65536)
+                if not data:
+                    return
+                dst.sendall(data)
+    except OSError:
+        pass
+
+
+MAX_NOTED = 200  # requests named in `passed`/`refused`: a flood of refused requests must not grow them for ever
+
+
+def _note(log: list[str], what: str) -> None:
+    if len(log) < MAX_NOTED:
+        log.append(what[:200])
+    elif len(log) == MAX_NOTED:
+        log.append("... (more not listed)")
