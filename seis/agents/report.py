@@ -1,14 +1,18 @@
 """The session report every agent writes: markdown sections plus one machine-readable ```seis-session block.
 
     # Session <chain>/<NNN> — <agent>
-    ## Summary      ## Changes      ## Measurements (the gate fills it)      ## Lessons
+    ## Summary      ## Changes      ## Lessons      (the agent's words)
+    ## Measurements (the gate fills it)
     ```seis-session
     {"version": 1, "chain": ..., "session": ..., "agent": ..., "applied": [...], "adopted": [...],
      "failed": [...], "rejected": [...], "verdict": null}
     ```
 
-After the gate, `stamp_verdict` writes the verdict (and, when rejected, the changes into "rejected") and the
-measured table. `lineage` reads a chain's reports back: what was retained, what failed, what was rejected.
+Everything the agent wrote comes first and is `neutralise`d (it cannot hold a seis-session fence or a seis marker),
+so the harness's part is the tail: the one measurements marker, the gate's table, the one block. After the gate,
+`stamp_verdict` writes the verdict (and, when rejected, the changes into "rejected") and the measured table;
+`split_report` separates the agent's text from that tail for prompts. `lineage` reads a chain's reports back: what
+was retained, what failed, what was rejected.
 """
 from __future__ import annotations
 
@@ -22,7 +26,13 @@ from .types import Adoption
 BLOCK_LANG = "seis-session"
 MEASUREMENTS_MARK = "<!-- seis:measurements -->"
 MEASUREMENTS_TODO = "_Left for the gate to fill._"
+MEASUREMENTS_HEADING = "## Measurements"
 _BLOCK = re.compile(r"```" + BLOCK_LANG + r"[ \t]*\n(.*?)\n```", re.DOTALL)
+# What agent text must not carry: a fence opening a seis-session block (any fence, any case, spaces allowed: the
+# last block wins in parse_session_block) and a harness marker comment (stamp_verdict and split_report find the
+# gate's table by it).
+_AGENT_FENCE = re.compile(r"([`~]{3,}[ \t]*)(?=" + BLOCK_LANG + ")", re.IGNORECASE)
+_AGENT_MARKER = re.compile(r"<!--(?=\s*seis:)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -68,13 +78,21 @@ def render_block(block: SessionBlock) -> str:
     return f"```{BLOCK_LANG}\n{json.dumps(block.to_json(), indent=1, sort_keys=True)}\n```\n"
 
 
+def neutralise(text: str) -> str:
+    """Agent-written text may quote the harness's syntax but must never be read as it: a ```seis-session fence
+    becomes ```agent-quoted-seis-session, a `<!-- seis:` marker `<!-- agent-quoted seis:`. Only inserts, so no
+    new match can form."""
+    return _AGENT_MARKER.sub("<!-- agent-quoted", _AGENT_FENCE.sub(r"\1agent-quoted-", text))
+
+
 def render_report(block: SessionBlock, summary: str, changes: list[str], lessons: list[str]) -> str:
-    bullets = lambda items: "\n".join(f"- {x}" for x in items) if items else "- none"  # noqa: E731
+    bullets = lambda items: "\n".join(f"- {neutralise(x)}" for x in items) if items else "- none"  # noqa: E731
+    # The agent's sections first, the harness's (measurements, block) last: no agent text after the marker.
     return (f"# Session {block.chain}/{block.session:03d} — {block.agent}\n\n"
-            f"## Summary\n\n{summary.strip()}\n\n"
+            f"## Summary\n\n{neutralise(summary.strip())}\n\n"
             f"## Changes\n\n{bullets(changes)}\n\n"
-            f"## Measurements\n\n{MEASUREMENTS_MARK}\n{MEASUREMENTS_TODO}\n\n"
             f"## Lessons\n\n{bullets(lessons)}\n\n"
+            f"{MEASUREMENTS_HEADING}\n\n{MEASUREMENTS_MARK}\n{MEASUREMENTS_TODO}\n\n"
             f"{render_block(block)}")
 
 
@@ -94,24 +112,43 @@ def parse_session_block(markdown: str, strict: bool = False) -> SessionBlock | N
 
 
 def stamp_verdict(markdown: str, verdict: Verdict, measurements: str | None = None) -> str:
-    """Write the gate's verdict into the block (rejected -> its changes become 'rejected') and the measurements."""
+    """Write the gate's verdict into the block (rejected -> its changes become 'rejected') and the measurements.
+
+    Both go where the harness put them: the last block, and the last marker before it (render_report writes the
+    agent's text before both, so a marker an agent planted cannot be the one filled)."""
     block = parse_session_block(markdown, strict=True)
     rejected = block.rejected
     if verdict == "rejected":
         rejected = tuple(dict.fromkeys(rejected + block.changes()))
     new = replace(block, verdict=verdict, rejected=rejected)
-    spans = list(_BLOCK.finditer(markdown))
-    start, end = spans[-1].span()
-    out = markdown[:start] + render_block(new).rstrip("\n") + markdown[end:]
+    start, end = list(_BLOCK.finditer(markdown))[-1].span()
+    head, tail = markdown[:start], render_block(new).rstrip("\n") + markdown[end:]
     if measurements is not None:
         filled = f"{MEASUREMENTS_MARK}\n{measurements.strip()}"
-        if f"{MEASUREMENTS_MARK}\n{MEASUREMENTS_TODO}" in out:
-            out = out.replace(f"{MEASUREMENTS_MARK}\n{MEASUREMENTS_TODO}", filled, 1)
-        elif MEASUREMENTS_MARK in out:
-            out = out.replace(MEASUREMENTS_MARK, filled, 1)
+        mark = head.rfind(MEASUREMENTS_MARK)
+        if mark < 0:  # no marker: a Measurements section just before the block, which stays last
+            head = head.rstrip("\n") + f"\n\n{MEASUREMENTS_HEADING}\n\n{filled}\n\n"
+        elif head.startswith(f"{MEASUREMENTS_MARK}\n{MEASUREMENTS_TODO}", mark):
+            head = head[:mark] + filled + head[mark + len(MEASUREMENTS_MARK) + 1 + len(MEASUREMENTS_TODO):]
         else:
-            out = out.rstrip("\n") + f"\n\n## Measurements\n\n{filled}\n"
-    return out
+            head = head[:mark] + filled + "\n" + head[mark + len(MEASUREMENTS_MARK):]
+    return head + tail
+
+
+def split_report(markdown: str) -> tuple[str, str | None]:
+    """(the agent's text, the harness's measurements) of a report in render_report's layout, by the harness's
+    positions: one block, at the end; one marker, under the Measurements heading, with no heading between it and
+    the block. Anything else (an older layout with Lessons after the table, a second marker or block, text after
+    the block) gives (the whole report, None): then nothing in it can be told apart from the agent's words."""
+    blocks = list(_BLOCK.finditer(markdown))
+    if len(blocks) != 1 or markdown[blocks[0].end():].strip() or markdown.count(MEASUREMENTS_MARK) != 1:
+        return markdown, None
+    start, mark = blocks[0].start(), markdown.find(MEASUREMENTS_MARK)
+    agent = markdown[:mark].rstrip()
+    table = markdown[mark + len(MEASUREMENTS_MARK):start].strip()
+    if mark > start or not agent.endswith(f"\n{MEASUREMENTS_HEADING}") or re.search(r"^\s*#", table, re.MULTILINE):
+        return markdown, None
+    return agent[:-len(MEASUREMENTS_HEADING)].rstrip() + "\n", table
 
 
 @dataclass(frozen=True)

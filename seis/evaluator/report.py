@@ -19,6 +19,13 @@ def _ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}x"
 
 
+def _cell(text: str, limit: int = 110) -> str:
+    """One line of at most `limit` characters: a detail or error can quote what a candidate engine raised, and
+    an engine must not be able to write lines (forged headings, verdicts) into a report."""
+    flat = " ".join("".join(ch if ch.isprintable() else " " for ch in str(text)).split())
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
@@ -29,7 +36,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def render_checks(checks: list[CheckResult]) -> list[str]:
     rows = [["ok" if c.passed and not c.skipped else "skip" if c.skipped else "FAIL", c.name, _num(c.value),
-             c.threshold, c.detail[:110]] for c in checks]
+             c.threshold, _cell(c.detail)] for c in checks]
     return _table(["", "check", "value", "threshold", "detail"], rows)
 
 
@@ -41,7 +48,7 @@ def render_speed(table: SpeedTable) -> list[str]:
     lines += _table(["workload", "engine", "tokens", "tok/s", "latency ms", "vs parent", "vs vanilla"], rows)
     lines += [f"  {w.name}: {w.n_prompts} prompts, max_new_tokens {w.max_new_tokens}, "
               f"{'ignore_eos' if w.ignore_eos else 'EOS on'}" for w in table.workloads]
-    errors = [f"  {r.engine} on {r.workload}: {r.error}" for r in table.rows if r.error]
+    errors = [f"  {r.engine} on {r.workload}: {_cell(r.error, 300)}" for r in table.rows if r.error]
     return lines + errors
 
 
@@ -79,7 +86,7 @@ def render_gate(result: GateResult) -> str:
 def render_dev_benchmark(result: DevBenchmarkResult) -> str:
     lines = [f"Dev benchmark: candidate tree {result.candidate_tree[:12]}, model {result.model}, "
              f"wall {result.wall_s:.1f} s", *render_speed(result.speed)]
-    return "\n".join(lines + [f"error: {e}" for e in result.errors])
+    return "\n".join(lines + [f"error: {_cell(e, 300)}" for e in result.errors])
 
 
 # Checks on prompts agents may see and benchmark themselves; everything else (held-out prompts, EOS probes,
@@ -92,7 +99,7 @@ def render_gate_for_agents(result: GateResult) -> str:
     sessions' agents read. gate.json, outside every workspace, keeps the rest."""
     shown = [c for c in result.checks if c.name.startswith(AGENT_VISIBLE_PREFIXES)]
     hidden_failed = [c for c in result.checks if not c.passed and not c.name.startswith(AGENT_VISIBLE_PREFIXES)]
-    rows = [["ok" if c.passed else "FAIL", c.name, c.detail[:110]] for c in shown]
+    rows = [["ok" if c.passed else "FAIL", c.name, _cell(c.detail)] for c in shown]
     lines = [f"Gate verdict: {result.verdict.upper()} (candidate tree {result.hashes.candidate_tree[:12]}, "
              f"model {result.model} on {result.device})", "", "Dev checks:", *_table(["", "check", "detail"], rows)]
     if hidden_failed:
