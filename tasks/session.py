@@ -18,8 +18,8 @@ from prefect.utilities.annotations import quote
 
 from seis.config import RunConfig
 from seis.evaluator import render_gate_for_agents
-from seis.session import (SessionOutcome, SessionResult, SessionSpec, decide, judge, needs_gate, not_gated,
-                          prepare, record, run_agent, snapshot_if_retained)
+from seis.session import (Retention, SessionOutcome, SessionResult, SessionSpec, decide, judge, needs_gate,
+                          not_gated, prepare, record, run_agent, snapshot_or_keep_parent)
 from seis.session.display import run_label, session_markdown
 from seis.session.timeouts import step_timeouts
 from seis.store import SnapshotStore
@@ -49,9 +49,11 @@ def gate_task(config: RunConfig, spec: SessionSpec, workspace, parent_dir: Path)
         return judge(config, spec, workspace, parent_dir)
 
 
-@task(name="snapshot", task_run_name=_NAME + "snapshot", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
-def snapshot_task(store_root: Path, spec: SessionSpec, gate_result, retained: bool) -> str:
-    return snapshot_if_retained(SnapshotStore(store_root), spec, gate_result, retained)
+# No retries: a tree the store cannot take comes back as "not retained" (a refusal would only be refused again).
+@task(name="snapshot", task_run_name=_NAME + "snapshot", cache_policy=NO_CACHE)
+def snapshot_task(store_root: Path, spec: SessionSpec, gate_result, retained: bool,
+                  reasons: tuple[str, ...]) -> Retention:
+    return snapshot_or_keep_parent(SnapshotStore(store_root), spec, gate_result, retained, reasons)
 
 
 @task(name="session-report", task_run_name=_NAME + "report", cache_policy=NO_CACHE)
@@ -92,7 +94,8 @@ def session_task(config: RunConfig, spec: SessionSpec, store_root: Path) -> Sess
     if judgement.host_failure:
         return SessionResult(spec.chain, spec.session, failure=f"{label}: {judgement.host_failure}")
     retained, reasons = decide(spec, judgement.gate_result, judgement.reasons)
-    snapshot, last = _step(snapshot_task, store_root, spec, judgement.gate_result, retained, after=last)
+    (snapshot, retained, reasons), last = _step(snapshot_task, store_root, spec, judgement.gate_result, retained,
+                                                reasons, after=last)
     outcome, _ = _step(report_task, spec, workspace, agent_result, judgement.gate_result, snapshot, retained,
                        reasons, time.monotonic() - t0, after=last)
     status = "retained" if retained else "kept parent"

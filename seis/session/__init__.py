@@ -6,4 +6,5 @@ from .lineage import ChainState, fan_in, pick_best
 from .protocol import initial_states, session_spec, upstream_is_vanilla
 from .rundir import RunDir, SUMMARY_COLUMNS
 from .spec import SessionOutcome, SessionResult, SessionSpec
-from .steps import decide, gate_workspace, make_agent, prepare, record, run_agent, snapshot_if_retained
+from .steps import (Retention, decide, gate_workspace, make_agent, prepare, record, run_agent, snapshot_if_retained,
+                    snapshot_or_keep_parent)

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from ..agents import AgentResult, Budget, SessionContext, find_secrets, stamp_verdict
 from ..config import RunConfig
+from ..store import DvcError, StoreError
 from ..workspace import Report, Workspace, prepare_workspace
+from ..workspace.tree import TreeError
 from .resume import save_outcome
 from .reuse import reused_from
 from .spec import SessionOutcome, SessionSpec
@@ -102,6 +105,8 @@ def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_res
     # report.md is inherited by later agents: verdict and dev checks only (gate.json keeps the rest)
     measurements = render_gate_for_agents(gate_result) if gate_result is not None else \
         f"No gate run: {'; '.join(reasons)}."
+    if gate_result is not None and gate_result.verdict == "pass" and not retained:  # say why a pass was dropped
+        measurements = f"{'; '.join(reasons)}\n\n{measurements}"
     reused = reused_from(spec.session_dir)
     if reused and gate_result is not None:
         measurements = (f"This exact candidate (same parent and reference) was gated in {reused} of this run; "
@@ -142,6 +147,26 @@ def decide(spec: SessionSpec, gate_result, reasons: tuple[str, ...]) -> tuple[bo
         return False, ("not retained: the judged tree holds a secret or an unscannable file: "
                        + "; ".join(leaks[:3]),)
     return True, reasons
+
+
+class Retention(NamedTuple):
+    """What a session ends on: its snapshot (the parent's when not retained), whether it was retained, and why not."""
+    snapshot: str
+    retained: bool
+    reasons: tuple[str, ...]
+
+
+def snapshot_or_keep_parent(store, spec: SessionSpec, gate_result, retained: bool,
+                            reasons: tuple[str, ...]) -> Retention:
+    """snapshot_if_retained, except that a tree the store cannot take (control files in it, DVC failing) ends only
+    this session: not retained, the store's reason recorded, the parent's snapshot kept, and the run goes on. The
+    store leaves nothing of the failed snapshot behind, and a refusal is not retried (it would be refused again)."""
+    try:
+        return Retention(snapshot_if_retained(store, spec, gate_result, retained), retained, reasons)
+    except (StoreError, DvcError, OSError, TreeError) as e:
+        lines = str(e).strip().splitlines()
+        why = f"not retained: the snapshot could not be stored: {lines[0] if lines else type(e).__name__}"
+        return Retention(spec.parent_snapshot, False, (*reasons, why))
 
 
 def snapshot_if_retained(store, spec: SessionSpec, gate_result, retained: bool) -> str:

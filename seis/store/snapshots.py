@@ -5,7 +5,12 @@
     <root>/<id>.dvc     when <root> lies in a DVC repository: `dvc add` of <id>/ (contents in the DVC cache)
 
 Identical trees get the same id and are stored once. The manifest is written last, so its presence means the
-snapshot is complete. Without a DVC repository (or with use_dvc=False) the store is a plain directory store.
+snapshot is complete; a put that fails leaves no part of the snapshot behind (no directory, .dvc file or
+.gitignore entry). Without a DVC repository (or with use_dvc=False) the store is a plain directory store.
+
+A tree holding DVC or git control files (seis.workspace.tree.CONTROL_NAMES, *.dvc) is refused: stored inside the
+DVC repository they would steer DVC and git there (a `.dvcignore` of `*` makes `dvc add` track an empty directory; a `dvc.yaml`
+defines pipeline stages; a `.gitignore` can un-ignore the snapshot for git).
 """
 from __future__ import annotations
 
@@ -17,10 +22,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..workspace.tree import copy_tree, file_sha256, tree_hash
+from ..workspace.tree import IGNORED_DIRS, TreeError, copy_tree, file_sha256, is_control_file, tree_hash
 from .dvc import DvcError, DvcRepo, open_repo
 from .lock import FileLock
-
 
 class StoreError(RuntimeError):
     pass
@@ -28,6 +32,20 @@ class StoreError(RuntimeError):
 
 class UnknownSnapshotError(LookupError):
     pass
+
+
+def control_files(root: str | Path) -> list[str]:
+    """Relative paths of the DVC or git control files or directories (`is_control_file`) anywhere under root,
+    links included (not followed). A control directory is named, not searched; ignored ones (.git, caches) are
+    never copied into the store, so they do not count."""
+    root = Path(root)
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if d not in IGNORED_DIRS]
+        found += [(base / n).relative_to(root).as_posix() for n in dirnames + filenames if is_control_file(n)]
+        dirnames[:] = [d for d in dirnames if not is_control_file(d)]
+    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -91,9 +109,18 @@ class SnapshotStore:
 
     # ---- API -------------------------------------------------------------------------------------------------
     def put(self, engine_dir: str | Path, meta: dict | None = None) -> str:
-        """Store the engine tree of engine_dir (idempotent); returns its snapshot id."""
+        """Store the engine tree of engine_dir (idempotent); returns its snapshot id. StoreError when it cannot be
+        stored (control files in it, not an engine tree, DVC failing); nothing of it is then left in the store."""
         engine_dir = Path(engine_dir)
-        full = tree_hash(engine_dir)
+        control = control_files(engine_dir)
+        if control:
+            more = f" and {len(control) - 5} more" if len(control) > 5 else ""
+            raise StoreError(f"{engine_dir} holds DVC or git control files, which no snapshot may hold: "
+                             f"{', '.join(control[:5])}{more}")
+        try:
+            full = tree_hash(engine_dir)
+        except TreeError as e:
+            raise StoreError(f"{engine_dir} cannot be stored as an engine tree: {e}") from None
         sid = full[: self.id_len]
         with self._lock():
             if self._manifest(sid).is_file():
@@ -103,39 +130,34 @@ class SnapshotStore:
                 self._ensure_present(info)
                 return sid
             target = self.root / sid
-            if target.exists():  # left by an interrupted put (no manifest): start over
-                shutil.rmtree(target)
+            self._discard(sid)  # what an interrupted put left (no manifest): start over
             tmp = self.root / f".tmp-{sid}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
-            files = copy_tree(engine_dir, tmp)
-            if tree_hash(tmp) != full:
+            try:
+                files = copy_tree(engine_dir, tmp)
+                changed = tree_hash(tmp) != full
+            except (TreeError, OSError) as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise StoreError(f"{engine_dir} could not be copied into the store: {e}") from None
+            if changed:
                 shutil.rmtree(tmp)
                 raise StoreError(f"{engine_dir} changed while it was being stored; store it again")
             os.rename(tmp, target)
-            entries = [{"path": rel, "sha256": file_sha256(target / rel), "size": (target / rel).stat().st_size,
-                        "mode": oct((target / rel).stat().st_mode & 0o777)} for rel in files]
-            tracked = False
-            if self.dvc is not None:
-                try:
-                    dvc_file = self.dvc.add(target)
-                    if self._remote():  # versions outlive this machine's cache: push to the default remote
-                        self.dvc.push(dvc_file)
-                    tracked = True
-                except DvcError as e:
-                    shutil.rmtree(target, ignore_errors=True)
-                    hint = "" if "git-ignored" not in str(e) else (
-                        " (a DVC repository on git cannot track files under a git-ignored directory: put the store "
-                        "somewhere git does not ignore, or pass use_dvc=False)")
-                    raise StoreError(f"snapshot {sid} could not be tracked with DVC: {e}{hint}") from None
-            manifest = {
-                "id": sid, "tree_hash": full, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "dvc": tracked, "dvc_file": f"{sid}.dvc" if tracked else None, "source": str(engine_dir.resolve()),
-                "files": entries,
-                "meta": meta or {},
-            }
-            part = self._manifest(sid).with_suffix(".json.part")
-            part.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-            os.replace(part, self._manifest(sid))
+            try:
+                entries = [{"path": rel, "sha256": file_sha256(target / rel), "size": (target / rel).stat().st_size,
+                            "mode": oct((target / rel).stat().st_mode & 0o777)} for rel in files]
+                tracked = self._track(sid)
+                manifest = {
+                    "id": sid, "tree_hash": full, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "dvc": tracked, "dvc_file": f"{sid}.dvc" if tracked else None,
+                    "source": str(engine_dir.resolve()), "files": entries, "meta": meta or {},
+                }
+                part = self._manifest(sid).with_suffix(".json.part")
+                part.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+                os.replace(part, self._manifest(sid))
+            except BaseException:
+                self._discard(sid)  # a snapshot is whole or absent: nothing half-stored stays to mislead a later put
+                raise
         return sid
 
     def get(self, snapshot_id: str, dest: str | Path) -> Path:
@@ -220,6 +242,39 @@ class SnapshotStore:
         if not hasattr(self, "_remote_name"):
             self._remote_name = self.dvc.default_remote() if self.dvc is not None else None
         return self._remote_name
+
+    def _track(self, sid: str) -> bool:
+        """`dvc add` the snapshot's directory and push it to the default remote, if any; False without DVC."""
+        if self.dvc is None:
+            return False
+        target, pushing = self.root / sid, False
+        try:
+            dvc_file = self.dvc.add(target)
+            if self._remote():  # versions outlive this machine's cache: push to the default remote
+                pushing = True
+                self.dvc.push(dvc_file)
+        except DvcError as e:
+            # A snapshot missing from the remote would fail every host that restores it from there, so a failed
+            # push is a failed put too (the caller undoes the add; the cache may keep the objects: harmless).
+            hint = "" if "git-ignored" not in str(e) else (
+                " (a DVC repository on git cannot track files under a git-ignored directory: put the store "
+                "somewhere git does not ignore, or pass use_dvc=False)")
+            what = "pushed to the DVC remote" if pushing else "tracked with DVC"
+            raise StoreError(f"snapshot {sid} could not be {what}{hint}: {e}") from None
+        return True
+
+    def _discard(self, sid: str) -> None:
+        """Remove every trace of an unfinished snapshot (no manifest): its directory, its .dvc file and the
+        .gitignore entry `dvc add` writes for it, so that DVC and git see nothing of it."""
+        shutil.rmtree(self.root / sid, ignore_errors=True)
+        (self.root / f"{sid}.dvc").unlink(missing_ok=True)
+        self._manifest(sid).with_suffix(".json.part").unlink(missing_ok=True)
+        ignore = self.root / ".gitignore"
+        if ignore.is_file():
+            lines = ignore.read_text(encoding="utf-8").splitlines(keepends=True)
+            kept = [line for line in lines if line.strip() != f"/{sid}"]
+            if kept != lines:
+                ignore.write_text("".join(kept), encoding="utf-8")
 
     def _load(self, sid: str) -> SnapshotInfo:
         m = json.loads(self._manifest(sid).read_text(encoding="utf-8"))
