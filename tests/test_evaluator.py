@@ -96,7 +96,12 @@ def test_speed_is_interleaved_with_ratios(e0_gate: GateResult) -> None:
     speed = e0_gate.speed
     assert speed is not None and speed.reps == 3
     assert speed.pinned_cpu == max(os.sched_getaffinity(0))  # the three engine processes shared one CPU
-    assert {w.name for w in speed.workloads} == {"dev-natural@8", "dev-fixed256@8"}
+    # one at a time, and the natural workload as whole batches (serving throughput), capped at max_batch_size
+    assert {w.name: w.batch for w in speed.workloads} == {"dev-natural@8": 1, "dev-fixed256@8": 1,
+                                                          "dev-natural@8-batch16": 16}
+    batched = next(w for w in speed.workloads if w.batch > 1)
+    assert batched.n_prompts == 16
+    assert any(c.name.startswith("timed.dev-natural@8-batch16") for c in e0_gate.checks)  # its outputs are checked
     for wl in speed.workloads:
         rows = {r.engine: r for r in speed.rows if r.workload == wl.name}
         assert set(rows) == {"candidate", "parent", "vanilla"}

@@ -97,7 +97,7 @@ def test_split_sizes_disjoint_deterministic(test_rows: list[tuple[str, str]]) ->
 @needs_gsm8k
 def test_prepared_splits_load(prepared: Path) -> None:
     test, dev = load_gsm8k_split("test", prepared), load_gsm8k_split("dev", prepared)
-    assert (len(test), len(dev)) == (660, 64)
+    assert (len(test), len(dev)) == (660, 256)
     assert all(i.split == "test" for i in test) and all(i.split == "dev" for i in dev)
     source = dict(enumerate(read_gsm8k_file(GSM8K_DIR / "test.jsonl")))
     assert all(source[i.index] == (i.question, i.answer) for i in test + dev)
@@ -285,7 +285,7 @@ def test_prepare_is_byte_identical(prepared: Path, tmp_path: Path) -> None:
     for name in list(first.outputs) + ["manifest.json"]:
         assert (prepared / name).read_bytes() == (tmp_path / name).read_bytes(), name
     assert {n: r.count for n, r in first.outputs.items()} == {
-        "gsm8k_test.jsonl": 660, "gsm8k_dev.jsonl": 64, "retrieval.jsonl": 270,
+        "gsm8k_test.jsonl": 660, "gsm8k_dev.jsonl": 256, "retrieval.jsonl": 270,
         "heldout_shapes.json": 6, "dev_workloads.json": 2,
     }
     assert first.seed == 0 and first.sources["gsm8k/test.jsonl"].count == 1319

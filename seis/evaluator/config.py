@@ -123,7 +123,8 @@ class CheckSizes(_Frozen):
 
 
 class SpeedConfig(_Frozen):
-    """Dev speed workloads (natural length with EOS on, and the fixed-length variant), one request at a time."""
+    """Dev speed workloads: natural length with EOS on and the fixed-length variant one request at a time, and the
+    natural one batched (`batch_size` requests per call)."""
 
     enabled: bool = True
     n_prompts: int = Field(8, ge=1)
@@ -132,6 +133,9 @@ class SpeedConfig(_Frozen):
     natural_max_new_tokens: int | None = Field(None, ge=1)  # None: the prepared workload's (256)
     fixed_max_new_tokens: int | None = Field(None, ge=1)
     run_on_fail: bool = False                   # a rejected candidate's speed is rarely worth the time
+    # Serving throughput: besides the one-at-a-time workloads, `batch_size` fresh dev prompts (natural length) per
+    # timed call, as a server with that many requests in flight sees them (capped at max_batch_size); 0: none
+    batch_size: int = Field(32, ge=0)
     # Every timed prompt carries this gate's nonce (None: drawn at random per gate), so no engine can ship or
     # precompute answers for the public dev questions; recorded with the speed table.
     prompt_nonce: str | None = Field(None, pattern=r"^[0-9a-f]{4,32}$")
@@ -183,6 +187,7 @@ class GateConfig(_Frozen):
         values.setdefault("checks", CheckSizes(n_dev=4, n_heldout_gsm8k=4, n_heldout_shapes=2, max_new_tokens=24,
                                                tf_max_tokens=24, n_eos_probes=3, n_long=1,
                                                long_context_tokens=1024))
-        values.setdefault("speed", SpeedConfig(n_prompts=2, natural_max_new_tokens=32, fixed_max_new_tokens=32))
+        values.setdefault("speed", SpeedConfig(n_prompts=2, natural_max_new_tokens=32, fixed_max_new_tokens=32,
+                                               batch_size=4))
         values.setdefault("max_prompt_tokens", 256)
         return cls(**values)

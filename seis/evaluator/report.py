@@ -43,11 +43,13 @@ def render_checks(checks: list[CheckResult]) -> list[str]:
 def render_speed(table: SpeedTable) -> list[str]:
     rows = [[r.workload, r.engine, f"{r.tokens_per_pass:.0f}", _range(r.tok_per_s), _range(r.latency_ms),
              _ratio(r.vs_parent), _ratio(r.vs_vanilla)] for r in table.rows]
-    lines = [f"Speed on {table.device}: dev workloads, one request at a time, median (min–max) of {table.reps} "
-             f"interleaved repetitions"]
+    lines = [f"Speed on {table.device}: dev workloads, one request at a time and batched, median (min–max) of "
+             f"{table.reps} interleaved repetitions"]
     lines += _table(["workload", "engine", "tokens", "tok/s", "latency ms", "vs parent", "vs vanilla"], rows)
-    lines += [f"  {w.name}: {w.n_prompts} prompts, max_new_tokens {w.max_new_tokens}, "
-              f"{'ignore_eos' if w.ignore_eos else 'EOS on'}" for w in table.workloads]
+    lines += [f"  {w.name}: {w.n_prompts} prompts, "
+              + (f"all {w.batch} in one batch (serving throughput), " if w.batch > 1 else "one at a time, ")
+              + f"max_new_tokens {w.max_new_tokens}, {'ignore_eos' if w.ignore_eos else 'EOS on'}"
+              for w in table.workloads]
     errors = [f"  {r.engine} on {r.workload}: {_cell(r.error, 300)}" for r in table.rows if r.error]
     return lines + errors
 

@@ -110,6 +110,7 @@ class SpeedWorkloadInfo(_Model):
     max_new_tokens: int
     ignore_eos: bool
     workload_digest: str
+    batch: int = 1                  # requests per timed call (serving throughput when > 1)
 
 
 class SpeedRow(_Model):
@@ -117,7 +118,7 @@ class SpeedRow(_Model):
     engine: str                     # candidate | parent | vanilla
     tokens_per_pass: float
     tok_per_s: SpeedStat | None     # None: the engine failed during the measurement
-    latency_ms: SpeedStat | None    # per-request latency (median over the requests of a pass)
+    latency_ms: SpeedStat | None    # per-call latency (median over the calls of a pass; a batch is one call)
     vs_parent: float | None = None  # median of paired per-request tok/s ratios
     vs_vanilla: float | None = None
     error: str | None = None

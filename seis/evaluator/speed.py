@@ -1,4 +1,5 @@
-"""Speed on the dev workloads: one request at a time, prefill included, engines interleaved per request.
+"""Speed on the dev workloads: one request at a time, and (serving throughput) whole batches of fresh requests per
+call; prefill included, engines interleaved per call.
 
 Each prompt is run by every engine back to back, the order rotating from prompt to prompt and repetition to
 repetition (A B C, B C A, C A B, ...), so drift of the machine (clocks, other load) within a pass hits all engines
@@ -25,11 +26,11 @@ from ..engine_host.gpu_idle import GpuIdle
 from .schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
 from .workloads import PromptSet, SpeedWorkload
 
-METHOD = ("single request at a time, greedy, fresh dev prompts in every repetition; engines interleaved per "
-          "request in rotating order, the others frozen and the GPU idle while one is timed; tok/s = generated "
-          "tokens / summed request wall time of a pass; latency = median request wall time of a pass; median "
-          "(min-max) over repetitions; ratios = median over requests x repetitions of paired per-request tok/s "
-          "ratios")
+METHOD = ("single request at a time (batched workloads: the pass's requests in one call), greedy, fresh dev prompts "
+          "in every repetition; engines interleaved per call in rotating order, the others frozen and the GPU idle "
+          "while one is timed; tok/s = generated tokens / summed call wall time of a pass; latency = median call "
+          "wall time of a pass; median (min-max) over repetitions; ratios = median over calls x repetitions of "
+          "paired per-call tok/s ratios")
 
 Timing = tuple[int, float]  # generated tokens, wall seconds of one request
 
@@ -43,22 +44,30 @@ class TimedOutputs:
     # workload -> engine -> repetition -> request
 
 
-def _timed_request(engine: EngineHandle, others: list[EngineHandle], idle: GpuIdle, prompt: list[int],
-                   sampling) -> tuple[Timing | None, GenerationOut | None]:
-    """One request with every other engine frozen and the GPU drained first."""
+def _timed_call(engine: EngineHandle, others: list[EngineHandle], idle: GpuIdle, prompts: list[list[int]],
+                samplings: list) -> tuple[Timing | None, list[GenerationOut] | None]:
+    """One call (one request, or a batch of them) with every other engine frozen and the GPU drained first."""
     for other in others:
         other.freeze()
     try:
         idle.wait()
         t0 = time.perf_counter()
-        out = engine.generate([prompt], [sampling])
+        out = engine.generate(prompts, samplings)
         elapsed = time.perf_counter() - t0
     finally:
         for other in others:
             other.thaw()
-    if not out:
+    if not out or len(out) != len(prompts):
         return None, None
-    return (len(out[0].token_ids), elapsed), out[0]
+    return (sum(len(o.token_ids) for o in out), elapsed), out
+
+
+def _calls(ps: PromptSet, batch: int) -> list[tuple[list[list[int]], list]]:
+    """The timed calls of a pass: each request alone, or the whole pass as one batch."""
+    prompts, sampling = ps.prompt_lists(), list(ps.sampling)
+    if batch > 1:
+        return [(prompts, sampling)]
+    return [([p], [s]) for p, s in zip(prompts, sampling)]
 
 
 def _stat(values: list[float]) -> SpeedStat:
@@ -91,10 +100,10 @@ def measure_speed(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorklo
 def _warm_up(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], idle: GpuIdle) -> None:
     """Every workload's untimed prompts on every engine, one engine at a time as when timed."""
     for wl in workloads:
-        for prompt, sampling in zip(wl.warmup.prompt_lists(), wl.warmup.sampling):
+        for prompts, sampling in _calls(wl.warmup, wl.batch):
             for name, engine in engines.items():
                 if engine.usable:
-                    _timed_request(engine, [e for n, e in engines.items() if n != name], idle, prompt, sampling)
+                    _timed_call(engine, [e for n, e in engines.items() if n != name], idle, prompts, sampling)
 
 
 def _measure(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], cfg: SpeedConfig,
@@ -110,17 +119,17 @@ def _measure(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, .
             for n in names:
                 passes[n].append([])
                 outs[n].append([])
-            for i, (prompt, sampling) in enumerate(zip(prompts.prompt_lists(), prompts.sampling)):
+            for i, (call_prompts, sampling) in enumerate(_calls(prompts, wl.batch)):
                 k = (rep + i) % len(names)
                 for name in names[k:] + names[:k]:
                     if name in failed:
-                        outs[name][-1].append(None)
+                        outs[name][-1].extend([None] * len(call_prompts))
                         continue
                     engine = engines[name]
                     others = [e for n, e in engines.items() if n != name]
-                    timing, out = _timed_request(engine, others, idle, prompt, sampling) if engine.usable \
+                    timing, out = _timed_call(engine, others, idle, call_prompts, sampling) if engine.usable \
                         else (None, None)
-                    outs[name][-1].append(out)
+                    outs[name][-1].extend(out if out is not None else [None] * len(call_prompts))
                     if timing is None:
                         failed[name] = str(engine.failures[-1]) if engine.failures else "engine not usable"
                         continue
@@ -129,7 +138,8 @@ def _measure(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, .
         timed.outputs[wl.name] = outs
         rows += _rows(wl.name, names, passes, failed)
     infos = [SpeedWorkloadInfo(name=w.name, n_prompts=w.n_prompts, ignore_eos=w.sampling.ignore_eos,
-                               max_new_tokens=w.sampling.max_new_tokens, workload_digest=w.workload_digest)
+                               max_new_tokens=w.sampling.max_new_tokens, workload_digest=w.workload_digest,
+                               batch=w.batch)
              for w in workloads if w.n_prompts]
     return SpeedTable(device=device, reps=cfg.reps, method=METHOD, workloads=infos, rows=rows), timed
 

@@ -64,6 +64,7 @@ class SpeedWorkload:
     warmup: PromptSet
     passes: tuple[PromptSet, ...]
     nonce: str = ""            # in every prompt of this gate's speed workloads
+    batch: int = 1             # requests per timed call: 1 one at a time, else a whole pass as one batch
 
     @property
     def n_prompts(self) -> int:
@@ -83,6 +84,26 @@ class Budget:
 
 EMPTY_LONG = PromptSet("long_context", (), (), ())
 EMPTY_LATE = PromptSet("late", (), (), ())
+EMPTY_CHAT_PROBES = PromptSet("eos_chat", (), (), ())
+
+# EOS probes for models with a chat template (correctness._chat_probes): questions that a very short answer
+# completes, so a real instruct model ends its turn within a few tokens. Held out like the GSM8K test split: the
+# texts live here, in the evaluator, and reach no workspace; the gate's reports name them only as eos-chat:<i>.
+CHAT_PROBE_QUESTIONS = (
+    "Answer yes or no: is 2 larger than 1?",
+    "Answer with a single number: how many legs does a cat have?",
+    "Reply with one word: what is the opposite of hot?",
+    "What is the chemical symbol for gold? Reply with the symbol only.",
+    "Reply with one word: what is the plural of mouse?",
+    "Answer with one word: what colour is grass?",
+    "Answer yes or no: is ice cold?",
+    "What is the first letter of the English alphabet? Answer with the letter only.",
+    "Say only the word 'hello'.",
+    "Reply with exactly one word: what animal says moo?",
+    "Answer true or false: the sun is a star.",
+    "Say only the word 'yes'.",
+)
+CHAT_PROBE_TOKENS = 24     # the reference's greedy answer to a chat probe must end within this (<= max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -95,10 +116,14 @@ class GateWorkloads:
     long: PromptSet = EMPTY_LONG       # long-context prompts (empty: none fit, or n_long = 0; see long_note)
     late: PromptSet = EMPTY_LATE       # one dev prompt with a long greedy output (late decode positions)
     long_note: str = ""                # why long is empty, or how it was capped
+    chat_probes: PromptSet = EMPTY_CHAT_PROBES  # chat-formatted EOS probe questions (empty: no chat template)
+    chat_probe_note: str = ""          # why chat_probes is empty
 
     def digest(self) -> str:
         extra = {"long": _set_json(self.long), "late": _set_json(self.late)} if len(self.long) or len(self.late) \
             else {}
+        if len(self.chat_probes):
+            extra["chat_probes"] = _set_json(self.chat_probes)
         return _digest({"manifest": self.manifest_digest, "dev": _set_json(self.dev),
                         "heldout": _set_json(self.heldout), "budget": asdict(self.budget),
                         "speed": [{"name": w.name, "workload": w.workload_digest,
@@ -186,12 +211,17 @@ def _speed_workloads(config: GateConfig, tok, cap: int) -> tuple[SpeedWorkload, 
     checked = {item.id for item in dev_items[: config.checks.n_dev]}  # the correctness checks' dev prompts
     workloads = _prepared(config, lambda: load_dev_workloads(root))
     per_workload = sp.warmup_requests + sp.reps * sp.n_prompts
+    batch = min(sp.batch_size, config.max_batch_size)
+    batched = [w for w in workloads if not w.ignore_eos][:1] if batch else []  # the natural-length one
+    per_batched = (1 + sp.reps) * batch  # a warm-up batch, then one batch per repetition
     pool = [i for i in workloads[0].item_ids if i not in checked] if workloads else []
-    if len(pool) < per_workload * len(workloads):
+    needed = per_workload * len(workloads) + per_batched * len(batched)
+    if len(pool) < needed:
         raise GateInputError(f"the dev split has {len(pool)} prompts outside the correctness checks, but "
                              f"{len(workloads)} speed workloads x ({sp.warmup_requests} warm-up + {sp.reps} "
-                             f"repetitions x {sp.n_prompts} prompts) need {per_workload * len(workloads)} distinct "
-                             f"ones; lower speed.n_prompts or speed.reps")
+                             f"repetitions x {sp.n_prompts} prompts) and {len(batched)} batched workload x "
+                             f"{1 + sp.reps} batches of {batch} need {needed} distinct ones; lower speed.n_prompts, "
+                             f"speed.reps or speed.batch_size")
     nonce = sp.prompt_nonce or secrets.token_hex(8)
     out = []
     for k, wl in enumerate(workloads):
@@ -208,6 +238,12 @@ def _speed_workloads(config: GateConfig, tok, cap: int) -> tuple[SpeedWorkload, 
         passes = tuple(prompt_set(timed[r * sp.n_prompts:(r + 1) * sp.n_prompts], f"rep{r}") for r in range(sp.reps))
         name = wl.name if new == wl.max_new_tokens else f"{wl.name}@{new}"  # sizes overridden (quick runs)
         out.append(SpeedWorkload(name, wl.digest(), prompt_set(warm, "warmup"), passes, nonce))
+        if wl in batched:
+            start = per_workload * len(workloads)
+            ids = pool[start:start + per_batched]
+            passes = tuple(prompt_set(ids[(r + 1) * batch:(r + 2) * batch], f"batch-rep{r}") for r in range(sp.reps))
+            out.append(SpeedWorkload(f"{name}-batch{batch}", wl.digest(), prompt_set(ids[:batch], "batch-warmup"),
+                                     passes, nonce, batch=batch))
     return tuple(out)
 
 
@@ -259,8 +295,35 @@ def load_gate_workloads(config: GateConfig, model_dir: Path) -> GateWorkloads:
         if late_new >= 1:
             late = PromptSet("late", (f"{dev.labels[0]}@{late_new}",), dev.prompts[:1],
                              (Sampling(max_new_tokens=late_new, ignore_eos=True),))
+    chat_probes, chat_note = chat_probe_prompts(config, tok, cap)
     speed = _speed_workloads(config, tok, budget.speed_prompt_cap) if config.speed.enabled else ()
-    return GateWorkloads(dev, heldout, speed, budget, manifest.digest(), long, late, long_note)
+    return GateWorkloads(dev, heldout, speed, budget, manifest.digest(), long, late, long_note, chat_probes, chat_note)
+
+
+def chat_probe_prompts(config: GateConfig, tok, cap: int) -> tuple[PromptSet, str]:
+    """The chat probe questions through the model's own chat template (an assistant header last), each with a
+    greedy EOS-on budget of min(CHAT_PROBE_TOKENS, max_new_tokens), which keeps question + answer + the probe's
+    new tokens inside the engines' context. Empty, with the reason, where the tokenizer has no chat template (or
+    its template fails on a plain user turn) or no question fits the prompt cap (a cut chat turn is no chat turn)."""
+    sizes = config.checks
+    if sizes.n_eos_probes == 0:
+        return EMPTY_CHAT_PROBES, "n_eos_probes = 0"
+    if not getattr(tok, "chat_template", None):
+        return EMPTY_CHAT_PROBES, "the tokenizer has no chat template"
+    from ..prompts import encode_prompt
+    labels, prompts = [], []
+    for i, question in enumerate(CHAT_PROBE_QUESTIONS):
+        try:
+            ids = tuple(encode_prompt(tok, question, chat=True))
+        except Exception as e:  # noqa: BLE001 - a template that cannot render a user turn: no chat probes
+            return EMPTY_CHAT_PROBES, f"the chat template failed on a user turn ({type(e).__name__})"
+        if 0 < len(ids) <= cap:
+            labels.append(f"eos-chat:{i}")
+            prompts.append(ids)
+    if not prompts:
+        return EMPTY_CHAT_PROBES, f"no chat probe question fits the {cap}-token prompt cap"
+    sampling = Sampling(max_new_tokens=min(CHAT_PROBE_TOKENS, sizes.max_new_tokens))
+    return PromptSet("eos_chat", tuple(labels), tuple(prompts), (sampling,) * len(prompts)), ""
 
 
 def _long_prompts(config: GateConfig, tok, max_seq_len: int, shapes, allowed: list[int], vocab: int,

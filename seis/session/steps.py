@@ -64,7 +64,8 @@ def gate_config(config: RunConfig, spec: SessionSpec | None = None, **values):
                                         tf_max_tokens=12, n_eos_probes=1, n_sampling_prompts=1, n_samples=32,
                                         n_stop=2, n_long=1, long_context_tokens=256, long_new_tokens=8,
                                         late_tokens=48),
-                      speed=SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8),
+                      speed=SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8,
+                                        batch_size=2),
                       max_prompt_tokens=128)  # CPU prefill dominates a small gate
     return GateConfig(**values) if config.gate == "full" else GateConfig.quick(**values)
 
@@ -87,10 +88,11 @@ def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, p
 
 
 def dev_speedups(gate_result) -> tuple[float | None, float | None]:
-    """(vs vanilla, vs parent) of the candidate on the natural-length dev workload."""
+    """(vs vanilla, vs parent) of the candidate on the natural-length dev workload, one request at a time."""
     if gate_result is None or gate_result.speed is None:
         return None, None
-    rows = [r for r in gate_result.speed.rows if r.engine == "candidate"]
+    single = {w.name for w in gate_result.speed.workloads if w.batch == 1}
+    rows = [r for r in gate_result.speed.rows if r.engine == "candidate" and r.workload in single]
     natural = next((r for r in rows if "natural" in r.workload), rows[0] if rows else None)
     return (natural.vs_vanilla, natural.vs_parent) if natural else (None, None)
 

@@ -23,7 +23,7 @@ class _Frozen(BaseModel):
 
 class GSM8KParams(_Frozen):
     test_size: int = Field(660, ge=1)  # held-out accuracy split
-    dev_size: int = Field(64, ge=1)  # small split agents may benchmark on
+    dev_size: int = Field(256, ge=1)  # the split agents may benchmark on (single and batched speed prompts)
 
 
 class DevParams(_Frozen):

@@ -144,9 +144,18 @@ def load_dev_workloads(prepared_dir: str | Path | None = None) -> list[DevWorklo
 
 
 def ensure_prepared(prepared_dir: str | Path | None = None) -> Path:
-    """The default workloads are prepared on first use (deterministic, from the GSM8K source), as `dvc repro
-    prepare-workloads` would; an explicitly named directory must already exist."""
+    """The default workloads are prepared on first use and again when params.yaml changed (deterministic, from the
+    GSM8K source), as `dvc repro prepare-workloads` would; an explicitly named directory must already exist."""
     root = Path(prepared_dir or DEFAULT_PREPARED_DIR)
-    if prepared_dir is None and not (root / "manifest.json").is_file():
+    if prepared_dir is None and (not (root / MANIFEST).is_file() or _stale(root)):
         prepare_all(root)
     return root
+
+
+def _stale(root: Path) -> bool:
+    """The default directory was prepared under other parameters than params.yaml's (it is re-made, as `dvc repro`
+    would)."""
+    try:
+        return load_manifest(root).params != load_params()
+    except WorkloadDataError:
+        return True

@@ -212,7 +212,8 @@ def _gate_config(args: argparse.Namespace):
     if args.sizes == "full":
         return GateConfig(**values)
     if args.sizes == "smoke":
-        values["speed"] = SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8)
+        values["speed"] = SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8,
+                                      batch_size=2)
     return GateConfig.quick(**values)
 
 
