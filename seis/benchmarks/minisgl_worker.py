@@ -1,0 +1,36 @@
+"""Vanilla mini-sglang (the definition of "vanilla" here) behind a JSON-lines pipe, for the side-by-side benchmark.
+
+    python -m seis.benchmarks.minisgl_worker MODEL_DIR     # then one request per line on stdin:
+    {"prompts": [[ids...], ...], "max_new_tokens": 256, "ignore_eos": true}  ->  {"token_ids": [[...], ...]}
+
+It runs mini-sglang through its own offline Python API, as a user would (`minisgl.llm.LLM`, FlashInfer attention,
+CUDA graphs up to batch 64). Trusted public code: it is not sandboxed. Its own logs go to stderr; the protocol
+has stdout to itself.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever mini-sglang prints lands on stderr
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    llm = LLM(argv[0], attention_backend="fi", cuda_graph_max_bs=64)
+    eos = llm.eos_token_id
+    protocol.write(json.dumps({"ready": True, "eos_token_ids": [eos] if isinstance(eos, int) else list(eos)}) + "\n")
+    for line in sys.stdin:
+        req = json.loads(line)
+        params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"], ignore_eos=req["ignore_eos"])
+        outs = llm.generate(req["prompts"], params)
+        protocol.write(json.dumps({"token_ids": [o["token_ids"] for o in outs]}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Side by side: vanilla mini-sglang, E0 and any SEIS engines, on the same prompts at several batch sizes, in one run.
+
+    python -m seis.benchmarks.versus --model qwen3-0.6b-random [--stack a,b,c] [--engine LABEL=DIR]
+                                     [--snapshot ID] [--batches 1,8,32] [--reps 3] [--minisgl auto|on|off]
+                                     [--json F]
+
+Two workloads at every batch size: `random` (--prompt-len random token ids, exactly --new-tokens forced new tokens:
+the decode shape of the speed issue) and `gsm8k` (GSM8K test questions with the model's chat template where it has
+one, greedy, EOS on, at most --new-tokens: natural length). Each batch is sent as one call; every repetition uses
+fresh prompts and times every system once, in rotating order, so drift hits them alike. tok/s = generated tokens
+of the call / its wall time (prefill included); median (min–max) over repetitions; ratios are paired per repetition
+(same prompts) against the baseline: vanilla mini-sglang when it is importable (`minisgl`, from
+sgl-project/mini-sglang), else E0, and the table says which.
+
+SEIS engines run in their sandboxed processes (as the gate runs them); mini-sglang runs in its own process through
+its own offline API (`seis.benchmarks.minisgl_worker`).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .stats import summarize
+
+VANILLA = "vanilla mini-sglang"
+
+
+@dataclass
+class Measured:
+    """One system's results on one (workload, batch size): per repetition tok/s and the token ids it produced."""
+    tok_per_s: list[float] = field(default_factory=list)
+    tokens: list[list[list[int]]] = field(default_factory=list)  # repetition -> request -> ids
+
+
+class MiniSgl:
+    """mini-sglang in its own process (minisgl_worker)."""
+
+    def __init__(self, model_dir: Path, timeout_s: float = 900.0):
+        self.proc = subprocess.Popen([sys.executable, "-m", "seis.benchmarks.minisgl_worker", str(model_dir)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.timeout_s = timeout_s
+        ready = self._read()
+        self.eos_token_ids = ready["eos_token_ids"]
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"mini-sglang exited (code {self.proc.wait()}); its log is on stderr")
+        return json.loads(line)
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool) -> list[list[int]]:
+        self.proc.stdin.write(json.dumps({"prompts": prompts, "max_new_tokens": max_new_tokens,
+                                          "ignore_eos": ignore_eos}) + "\n")
+        return self._read()["token_ids"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class SeisEngine:
+    """An engine tree in its sandboxed process (EngineProcess)."""
+
+    def __init__(self, engine_dir: Path, model_dir: Path, options: dict, cache_dir: Path):
+        from ..engine_host import EngineProcess
+        self.proc = EngineProcess(engine_dir, model_dir, options, timeout_s=900, cache_dir=cache_dir)
+        self.proc.start()
+        self.build = self.proc.build()
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool) -> list[list[int]]:
+        from ..engine_host.client import Sampling
+        sampling = Sampling(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+        return [o["token_ids"] for o in self.proc.generate(prompts, sampling)]
+
+    def stats(self) -> dict:
+        return self.proc.stats()
+
+    def close(self) -> None:
+        self.proc.close()
+
+
+def engine_trees(model: str, stack: list[str], engines: dict[str, Path], snapshots: list[str], store: Path,
+                 work: Path) -> dict[str, Path]:
+    """label -> engine tree: E0, the library stack on E0, --engine trees and stored snapshots."""
+    from ..agents.offline.library import load_library
+    from ..agents.offline.verify import build_candidate
+    from ..engine_import import ENGINE_TEMPLATE
+    out = {"E0": ENGINE_TEMPLATE}
+    if stack:
+        library = {t.name: t for t in load_library()}
+        unknown = [n for n in stack if n not in library]
+        if unknown:
+            raise SystemExit(f"not in the library: {', '.join(unknown)} (known: {', '.join(sorted(library))})")
+        out["E0 + " + " + ".join(stack)] = build_candidate(work / "stack", [library[n] for n in stack])
+    for label, path in engines.items():
+        if label in out or not (path / "engine" / "__init__.py").is_file():
+            raise SystemExit(f"--engine {label}={path}: label taken, or no engine package there")
+        out[label] = path
+    if snapshots:
+        from ..store import SnapshotStore
+        st = SnapshotStore(store)
+        for sid in snapshots:
+            out[f"snapshot {sid}"] = st.get(sid, work / f"snapshot-{sid}")
+    return out
+
+
+def workloads(model_dir: Path, batches: list[int], reps: int, prompt_len: int, gsm8k: bool
+              ) -> dict[tuple[str, int], list[list[list[int]]]]:
+    """(workload, batch) -> calls (a warm-up, then one per repetition) -> prompts; no prompt is used twice."""
+    import torch
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for b in batches:
+        out[("random", b)] = [[torch.randint(0, min(vocab, 20000), (prompt_len,), generator=gen).tolist()
+                               for _ in range(b)] for _ in range(reps + 1)]
+    if gsm8k:
+        from ..prompts import encode_prompt, load_tokenizer
+        from ..workloads import load_gsm8k_split
+        from ..workloads.prepare import ensure_prepared
+        tok = load_tokenizer(model_dir)
+        items = iter(load_gsm8k_split("test", ensure_prepared()))
+        need = sum(b * (reps + 1) for b in batches)
+        if need > 660:
+            raise SystemExit(f"the gsm8k workload needs {need} distinct test questions; the split has 660")
+        for b in batches:
+            out[("gsm8k", b)] = [[encode_prompt(tok, next(items).question, chat=bool(tok.chat_template))
+                                  for _ in range(b)] for _ in range(reps + 1)]
+    return out
+
+
+def measure(systems: dict, calls: dict, new_tokens: int, reps: int) -> dict[tuple[str, int], dict[str, Measured]]:
+    results: dict[tuple[str, int], dict[str, Measured]] = {}
+    names = list(systems)
+    for (workload, b), batches in calls.items():
+        ignore_eos = workload == "random"
+        got = {n: Measured() for n in names}
+        for name in names:  # warm-up: kernels compiled, graphs of this batch size captured, memory grown
+            systems[name].generate(batches[0], new_tokens, ignore_eos)
+        for rep, prompts in enumerate(batches[1:]):
+            k = rep % len(names)
+            for name in names[k:] + names[:k]:
+                t0 = time.perf_counter()
+                outs = systems[name].generate(prompts, new_tokens, ignore_eos)
+                wall = time.perf_counter() - t0
+                if len(outs) != len(prompts) or (ignore_eos and any(len(o) != new_tokens for o in outs)):
+                    raise SystemExit(f"{name} returned {[len(o) for o in outs]} tokens for {len(prompts)} requests "
+                                     f"({workload}, batch {b})")
+                got[name].tok_per_s.append(sum(len(o) for o in outs) / wall)
+                got[name].tokens.append(outs)
+        results[(workload, b)] = got
+        print(f"{workload} at batch {b} done", file=sys.stderr, flush=True)
+    return results
+
+
+def _prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def summary(results: dict, baseline: str) -> dict:
+    """JSON-ready: per (workload, batch) and system, tok/s and the paired ratio to the baseline, and how far each
+    system's greedy tokens agree with E0's (the shortest common prefix over the requests)."""
+    out = {}
+    for (workload, b), got in results.items():
+        base, e0 = got[baseline], got["E0"]
+        out[f"{workload}@{b}"] = {name: {
+            "tok_per_s": summarize(m.tok_per_s),
+            "vs_baseline": summarize([x / y for x, y in zip(m.tok_per_s, base.tok_per_s)]),
+            "generated_tokens": sum(len(o) for rep in m.tokens for o in rep),
+            "min_prefix_equal_to_e0": min(_prefix(x, y) for r1, r2 in zip(m.tokens, e0.tokens)
+                                          for x, y in zip(r1, r2)),
+        } for name, m in got.items()}
+    return out
+
+
+def render(result: dict) -> str:
+    from tabulate import tabulate
+    lines = [f"{result['device']}, {result['model']} ({result['weights']}), commit {result['commit']}, "
+             f"median (min–max) of {result['reps']} repetitions; ratios against {result['baseline']}, same run:"]
+    for workload in ("random", "gsm8k"):
+        keys = [k for k in result["results"] if k.startswith(workload + "@")]
+        if not keys:
+            continue
+        what = (f"{result['prompt_len']}-token random prompts, {result['new_tokens']} forced new tokens"
+                if workload == "random" else f"GSM8K test questions, greedy, EOS on, at most {result['new_tokens']} "
+                                             f"new tokens")
+        header = ["tok/s", *[f"batch {k.split('@')[1]}" for k in keys]]
+        rows = []
+        for name in result["systems"]:
+            cells = []
+            for k in keys:
+                r = result["results"][k][name]
+                t, v = r["tok_per_s"], r["vs_baseline"]
+                cells.append(f"{t['median']:,.0f} ({t['min']:,.0f}–{t['max']:,.0f}) {v['median']:.2f}x")
+            rows.append([name, *cells])
+        lines += ["", f"{workload}: {what}", tabulate(rows, header, tablefmt="github")]
+    return "\n".join(lines)
+
+
+def _weights(model: str) -> str:
+    from ..models.registry import REGISTRY
+    spec = REGISTRY.get(model)
+    return "random weights" if spec is not None and spec.kind == "random" else "real weights" if spec else "local model"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-0.6b-random")
+    ap.add_argument("--stack", default="", help="library transformations stacked on E0, comma-separated")
+    ap.add_argument("--engine", action="append", default=[], metavar="LABEL=DIR", help="an engine tree; repeatable")
+    ap.add_argument("--snapshot", action="append", default=[], help="a stored snapshot id; repeatable")
+    ap.add_argument("--store", type=Path, default=Path("store"))
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--prompt-len", type=int, default=100)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-gsm8k", action="store_true", help="only the random-prompt workload")
+    ap.add_argument("--minisgl", choices=("auto", "on", "off"), default="auto",
+                    help="vanilla mini-sglang: when importable (auto), required (on), or left out (off)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    if not batches or min(batches) < 1 or args.reps < 3:
+        raise SystemExit("--batches needs positive sizes, and --reps at least 3 (median of three or more)")
+    available = importlib.util.find_spec("minisgl") is not None
+    if args.minisgl == "on" and not available:
+        raise SystemExit("--minisgl on: the `minisgl` package (sgl-project/mini-sglang) is not importable here")
+    with_vanilla = available and args.minisgl != "off"
+
+    import torch
+
+    from ..engine_host.jit_cache import held_cache, private_cache
+    from ..engine_import import ENGINE_TEMPLATE
+    from ..models import resolve_model
+    from ..workspace.tree import tree_hash
+    from .engine_speed import _commit
+
+    model_dir = Path(resolve_model(args.model))
+    labelled = {}
+    for v in args.engine:
+        label, sep, path = v.partition("=")
+        if not sep or not label or not path:
+            raise SystemExit(f"--engine wants LABEL=DIR, not {v!r}")
+        labelled[label] = Path(path)
+    calls = workloads(model_dir, batches, args.reps, args.prompt_len, not args.no_gsm8k)
+    options = {"device": args.device, "max_batch_size": max(batches), "max_seq_len": 2048}
+    systems: dict = {}
+    with tempfile.TemporaryDirectory(prefix="seis-versus-") as tmp, ExitStack() as held:
+        trees = engine_trees(args.model, [n for n in args.stack.split(",") if n], labelled, args.snapshot,
+                             args.store, Path(tmp))
+        shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), Path(tmp) / "cache-E0"))
+        try:
+            if with_vanilla:
+                t0 = time.perf_counter()
+                systems[VANILLA] = MiniSgl(model_dir)
+                print(f"built {VANILLA} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            for i, (label, tree) in enumerate(trees.items()):
+                t0 = time.perf_counter()
+                cache = shared if label == "E0" else private_cache(Path(tmp) / f"cache-{i}", shared)
+                systems[label] = SeisEngine(tree, model_dir, options, cache)
+                print(f"built {label} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            results = measure(systems, calls, args.new_tokens, args.reps)
+            stats = {n: s.stats() for n, s in systems.items() if isinstance(s, SeisEngine)}
+        finally:
+            for s in systems.values():
+                s.close()
+    baseline = VANILLA if with_vanilla else "E0"
+    result = {"benchmark": "versus", "model": args.model,
+              "weights": _weights(args.model),
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "commit": _commit(), "reps": args.reps, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+              "baseline": baseline, "systems": list(systems), "results": summary(results, baseline),
+              "engine_stats": stats}
+    print(render(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
