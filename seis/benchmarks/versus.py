@@ -1,6 +1,6 @@
 """Side by side: vanilla mini-sglang, E0 and any SEIS engines, on the same prompts at several batch sizes, in one run.
 
-    python -m seis.benchmarks.versus --model qwen3-0.6b-random [--stack a,b,c] [--engine LABEL=DIR]
+    python -m seis.benchmarks.versus --model qwen3-0.6b-random [--stack a,b,c [--stack-label L]] [--engine LABEL=DIR]
                                      [--snapshot ID] [--batches 1,8,32] [--reps 3] [--minisgl auto|on|off]
                                      [--json F]
 
@@ -91,7 +91,7 @@ class SeisEngine:
 
 
 def engine_trees(model: str, stack: list[str], engines: dict[str, Path], snapshots: list[str], store: Path,
-                 work: Path) -> dict[str, Path]:
+                 work: Path, stack_label: str = "") -> dict[str, Path]:
     """label -> engine tree: E0, the library stack on E0, --engine trees and stored snapshots."""
     from ..agents.offline.library import load_library
     from ..agents.offline.verify import build_candidate
@@ -102,7 +102,7 @@ def engine_trees(model: str, stack: list[str], engines: dict[str, Path], snapsho
         unknown = [n for n in stack if n not in library]
         if unknown:
             raise SystemExit(f"not in the library: {', '.join(unknown)} (known: {', '.join(sorted(library))})")
-        out["E0 + " + " + ".join(stack)] = build_candidate(work / "stack", [library[n] for n in stack])
+        out[stack_label or "E0 + " + " + ".join(stack)] = build_candidate(work / "stack", [library[n] for n in stack])
     for label, path in engines.items():
         if label in out or not (path / "engine" / "__init__.py").is_file():
             raise SystemExit(f"--engine {label}={path}: label taken, or no engine package there")
@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-0.6b-random")
     ap.add_argument("--stack", default="", help="library transformations stacked on E0, comma-separated")
+    ap.add_argument("--stack-label", default="", help="its name in the table (default: E0 + the entries)")
     ap.add_argument("--engine", action="append", default=[], metavar="LABEL=DIR", help="an engine tree; repeatable")
     ap.add_argument("--snapshot", action="append", default=[], help="a stored snapshot id; repeatable")
     ap.add_argument("--store", type=Path, default=Path("store"))
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
     systems: dict = {}
     with tempfile.TemporaryDirectory(prefix="seis-versus-") as tmp, ExitStack() as held:
         trees = engine_trees(args.model, [n for n in args.stack.split(",") if n], labelled, args.snapshot,
-                             args.store, Path(tmp))
+                             args.store, Path(tmp), args.stack_label)
         shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), Path(tmp) / "cache-E0"))
         try:
             if with_vanilla:
