@@ -1,10 +1,11 @@
 """Vanilla mini-sglang (the definition of "vanilla" here) behind a JSON-lines pipe, for the side-by-side benchmark.
 
-    python -m seis.benchmarks.minisgl_worker MODEL_DIR     # then one request per line on stdin:
+    python -m seis.benchmarks.minisgl_worker MODEL_DIR [MEMORY_RATIO]   # then one request per line on stdin:
     {"prompts": [[ids...], ...], "max_new_tokens": 256, "ignore_eos": true}  ->  {"token_ids": [[...], ...]}
 
 It runs mini-sglang through its own offline Python API, as a user would (`minisgl.llm.LLM`, FlashInfer attention,
-CUDA graphs up to batch 64). Trusted public code: it is not sandboxed. Its own logs go to stderr; the protocol
+CUDA graphs up to batch 64; its KV pool takes MEMORY_RATIO of the GPU, default 0.3, so the engines it is compared
+with fit beside it: the pool's size does not change its speed at these batch sizes). Trusted public code: it is not sandboxed. Its own logs go to stderr; the protocol
 has stdout to itself.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
 
-    llm = LLM(argv[0], attention_backend="fi", cuda_graph_max_bs=64)
+    ratio = float(argv[1]) if len(argv) > 1 else 0.3
+    llm = LLM(argv[0], attention_backend="fi", cuda_graph_max_bs=64, memory_ratio=ratio)
     eos = llm.eos_token_id
     protocol.write(json.dumps({"ready": True, "eos_token_ids": [eos] if isinstance(eos, int) else list(eos)}) + "\n")
     for line in sys.stdin:
