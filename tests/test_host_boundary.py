@@ -259,7 +259,7 @@ def test_a_memory_hog_is_stopped_at_the_sandbox_bound_and_says_so(tmp_path, hog)
     done = run_shell(hog, ws.root, 60, box)
     assert "SURVIVED" not in done.output, done.output
     if _cage_possible():
-        assert done.memory_note and "memory limit" in done.render(60), done.render(60)
+        assert done.limit_note and "memory limit" in done.render(60), done.render(60)
 
 
 def test_the_host_layout_is_not_shown_inside(tmp_path):
@@ -279,3 +279,21 @@ def test_the_host_layout_is_not_shown_inside(tmp_path):
     assert shown_fs.strip() == "0"
     assert out.split("GREP-DONE")[0].splitlines()[2:] == [], out  # no file there names the checkout
     assert "Error processing line" not in out and "ModuleNotFoundError" in out
+
+
+@pytest.mark.parametrize("flood, what", [
+    ("i=0; while :; do head -c 1000000 /dev/urandom > f$i; i=$((i+1)); done", "GiB on disk"),  # many 1 MB files
+    ("i=0; while :; do : > e$i; i=$((i+1)); done", "entries"),                                   # many empty files
+])
+def test_filling_the_host_disk_through_the_workspace_is_stopped(tmp_path, flood, what):
+    """Per-file limits alone let an agent fill the host's disk with many files: the sandbox is killed once its
+    workspace passes the bound, and the result says why."""
+    from dataclasses import replace
+    ws = _ws(tmp_path)
+    box = AgentSandbox(limits=replace(AGENT_LIMITS, max_written_bytes=64 * 2**20, max_written_entries=3000))
+    t0 = time.monotonic()
+    done = run_shell(f"cd engine && {flood}", ws.root, 60, box)
+    assert time.monotonic() - t0 < 30 and done.returncode is not None  # killed by the watch, not the time limit
+    assert done.limit_note and what in done.render(60), done.render(60)
+    written = sum(p.stat().st_size for p in (ws.root / "engine").iterdir() if p.is_file())
+    assert written < 64 * 2**20 + 200 * 2**20  # stopped within a look or two of the bound

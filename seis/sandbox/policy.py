@@ -54,6 +54,10 @@ class Limits:
     # Everything the sandbox holds at once (processes, /tmp and /dev/shm pages): a memory cgroup where the host
     # lets SEIS make one, else RLIMIT_AS per process for a sandbox without GPUs; None: no such bound
     sandbox_memory_bytes: int | None = None
+    # What the sandbox may write into its writable binds (host disk), all files together: its runner kills it past
+    # either bound (seis.agents.llm.confine watches agent sandboxes); None: not watched
+    max_written_bytes: int | None = None
+    max_written_entries: int = 100_000
 
 
 @dataclass(frozen=True)

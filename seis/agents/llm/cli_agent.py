@@ -155,11 +155,11 @@ class CliAgent:
             shutil.rmtree(private, ignore_errors=True)
         rc, out, err = done.returncode, done.text("stdout"), done.text("stderr")
         reason = done.error or (f"command killed at the wall-clock limit ({timeout:g} s)" if done.timed_out
-                                else done.memory_note)
+                                else done.limit_note)
         transcript.log("process", returncode=rc, stdout=out, stderr=err, timed_out=done.timed_out,
                        output_cut_bytes=done.cut, wall_s=round(done.wall_s, 3),
                        dev_benchmark_runs=bench.runs if bench else 0,
-                       memory=done.memory_note,
+                       limit=done.limit_note,
                        **({"network_passed": proxy.passed, "network_refused": proxy.refused,
                            "network_overloaded": proxy.overloaded} if proxy else {}))
         report = redactor.text(_read_report(report_path))

@@ -40,7 +40,9 @@ SCRATCH_HOME = "/tmp/home"
 # The whole sandbox (its processes, /tmp and /dev/shm) within half the host's memory, at most 16 GiB: an agent
 # cannot take the orchestrator down with it.
 AGENT_LIMITS = Limits(max_processes=1024, max_file_bytes=1 * 2**30, scratch_bytes=4 * 2**30, shm_bytes=1 * 2**30,
-                      sandbox_memory_bytes=max(2 * 2**30, min(16 * 2**30, host_memory_bytes() // 2)))
+                      sandbox_memory_bytes=max(2 * 2**30, min(16 * 2**30, host_memory_bytes() // 2)),
+                      max_written_bytes=2 * 2**30, max_written_entries=100_000)
+WATCH_PERIOD_S = 1.0
 MAX_OUTPUT_BYTES = 20_000
 
 
@@ -100,7 +102,7 @@ class Confined:
     cut: int = 0                 # bytes of output dropped past the cap
     wall_s: float = 0.0
     error: str | None = None     # the sandbox could not start, or could not be ended
-    memory_note: str | None = None  # the kernel killed a process of it at the sandbox's memory bound
+    limit_note: str | None = None  # a whole-sandbox bound ended it: memory (the kernel killed a process) or disk
 
     def text(self, which: str = "stdout") -> str:
         return (self.stdout if which == "stdout" else self.stderr).decode("utf-8", errors="replace")
@@ -173,25 +175,79 @@ def run_confined(argv: list[str], policy: SandboxPolicy, timeout_s: float, *, st
     threading.Thread(target=feed, daemon=True).start()
     if on_start is not None:
         on_start(box)
+    watch = _DiskWatch(box, policy)
     timed_out = False
     try:
         proc.wait(timeout=max(0.0, timeout_s))
     except subprocess.TimeoutExpired:
         timed_out = True
+    watch.stop()
     error = None
     try:
         box.kill()  # the whole tree, whether the command returned or not
     except SandboxError as e:
         error = str(e)
     oom = box.oom_kills()
-    memory_note = (f"the sandbox reached its memory limit ({policy.limits.sandbox_memory_bytes / 2**30:.1f} GiB for "
+    limit_note = (f"the sandbox reached its memory limit ({policy.limits.sandbox_memory_bytes / 2**30:.1f} GiB for "
                    f"its processes, /tmp and /dev/shm together): the kernel killed {oom} process(es)") if oom else None
+    limit_note = watch.exceeded or limit_note
     for r in readers:
         r.thread.join(timeout=2.0)  # every writer is dead: EOF follows at once (never wait on a survivor)
     out, cut = readers[0].result()
     err, cut2 = readers[1].result() if len(readers) > 1 else (b"", 0)
     return Confined(None if timed_out else proc.returncode, out, err, timed_out, cut + cut2,
-                    time.monotonic() - t0, error, memory_note)
+                    time.monotonic() - t0, error, limit_note)
+
+
+class _DiskWatch:
+    """Kills the sandbox when what it wrote into its writable binds (the workspace, on the host's disk) grows past
+    Limits.max_written_bytes or Limits.max_written_entries: per-file limits alone would let an agent fill the
+    host's disk with many files. Looks every WATCH_PERIOD_S seconds; a look stops counting once over a limit."""
+
+    def __init__(self, box: SandboxedProcess, policy: SandboxPolicy):
+        self.box, self.limits = box, policy.limits
+        self.roots = [str(b.src) for b in policy.binds if b.writable]
+        self.exceeded: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if self.roots and self.limits.max_written_bytes is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_PERIOD_S):
+            why = self._over()
+            if why:
+                self.exceeded = f"the sandbox was killed: {why}"
+                try:
+                    self.box.kill()
+                except SandboxError:
+                    pass
+                return
+
+    def _over(self) -> str | None:
+        size = entries = 0
+        stack = list(self.roots)
+        while stack:
+            try:
+                with os.scandir(stack.pop()) as it:
+                    for entry in it:
+                        entries += 1
+                        st = entry.stat(follow_symlinks=False)
+                        size += st.st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        if size > self.limits.max_written_bytes:
+                            return f"its workspace grew past {self.limits.max_written_bytes / 2**30:.1f} GiB on disk"
+                        if entries > self.limits.max_written_entries:
+                            return f"its workspace holds more than {self.limits.max_written_entries:,} entries"
+            except OSError:
+                continue
+        return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()  # its kill() must be over before the caller kills the sandbox again
 
 
 # --- after a session: the workspace as the host may use it ------------------------------------------------------

@@ -23,15 +23,15 @@ class ShellResult:
     returncode: int | None   # None: killed at the time limit (or never started)
     output: str              # stdout and stderr interleaved, capped
     error: str | None = None
-    memory_note: str | None = None
+    limit_note: str | None = None
 
     def render(self, timeout_s: float) -> str:
         if self.error is not None:
             return f"[not run: {self.error}]\n{self.output}"
         status = f"timed out after {timeout_s:g} s (the command and everything it started were killed)" \
             if self.returncode is None else f"exit code {self.returncode}"
-        if self.memory_note:
-            status += f"; {self.memory_note}"
+        if self.limit_note:
+            status += f"; {self.limit_note}"
         return f"[{status}]\n{self.output}"
 
 
@@ -40,4 +40,4 @@ def run_shell(command: str, workspace: Path, timeout_s: float, sandbox: AgentSan
     """`bash -c command` in /workspace; returns when it exits or at timeout_s, with nothing of it left running."""
     done = run_confined(["bash", "-c", command], sandbox.policy(workspace), timeout_s,
                         max_output_bytes=max_output_bytes)
-    return ShellResult(None if done.timed_out else done.returncode, done.text(), done.error, done.memory_note)
+    return ShellResult(None if done.timed_out else done.returncode, done.text(), done.error, done.limit_note)
