@@ -100,7 +100,9 @@ class CheckSizes(_Frozen):
     n_heldout_shapes: int = Field(6, ge=0)      # held-out token-id shapes (ids mapped into the vocab)
     max_new_tokens: int = Field(64, ge=2)       # greedy outputs of the check prompts
     tf_max_tokens: int = Field(64, ge=1)        # forced positions per prompt in teacher forcing
-    n_eos_probes: int = Field(4, ge=0)          # prompts whose reference greedy next token is an EOS
+    # EOS probes: prompts whose reference greedy continuation reaches an EOS within probe_new_tokens (from outputs
+    # that ended, else chat-formatted short-answer questions, else single-token prompts; correctness._mine_probes)
+    n_eos_probes: int = Field(4, ge=0)
     probe_new_tokens: int = Field(4, ge=2)
     # Sampling semantics: the first n_sampling_prompts dev prompts, each at a temperature that makes the
     # reference's top-k top probability sampling_target_top, under (top_k, top_p=1) and (top_k, sampling_top_p):

@@ -49,6 +49,9 @@ from .workloads import GateWorkloads, PromptSet
 
 PATHS = ("decode", "verify")   # score(): one decode step per token; verify(): M rows in one forward step
 SCAN_IDS = 512                 # single-token prompts scanned for EOS probes when no output contained an EOS
+CHAT_PROBE_TAIL = 2            # answer tokens a chat probe leaves the engine to generate before its EOS (at most)
+CHAT_PROBE_MARGIN = 1.0        # nats each of those tokens, and the EOS, lead the reference's runner-up by
+CHAT_PROBE_TOP = 4             # log-probs asked per position (two EOS ids may come first)
 SAMPLING_TOP = 64              # log-probs asked of the reference per sampling prompt (> sampling_top_k)
 STOP_SLACK = 4                 # tokens a stop-id request may run past the stop position (ignoring it shows)
 
@@ -128,9 +131,12 @@ def _run_scores(engine: EngineHandle, runs: Runs, sets: dict[str, PromptSet], fo
 
 
 def _mine_probes(ref: EngineHandle, sets: dict[str, PromptSet], runs: Runs, eos: set[int], n: int,
-                 vocab: int) -> list[list[int]]:
-    """Prompts after which the reference's greedy next token is an EOS: every prompt + output prefix that the
-    reference ended (or, with ignore_eos, continued past) an EOS at; else single-token prompts that do."""
+                 vocab: int, chat: PromptSet | None = None, new_tokens: int = 2) -> list[list[int]]:
+    """Prompts after which the reference's greedy continuation reaches an EOS within `new_tokens`, from three
+    sources in turn until there are n: every prompt + output prefix that the reference ended (or, with ignore_eos,
+    continued past) an EOS at; the chat probe questions a real instruct model answers in a few tokens
+    (_chat_probes; none without a chat template); single-token prompts whose next token is an EOS (random
+    weights)."""
     if n == 0:
         return []
     probes: list[list[int]] = []
@@ -140,11 +146,52 @@ def _mine_probes(ref: EngineHandle, sets: dict[str, PromptSet], runs: Runs, eos:
             probe = list(prompt) + out.token_ids[:cut] if cut is not None else None
             if probe and probe not in probes:
                 probes.append(probe)
+    if len(probes) < n and chat is not None and len(chat):
+        probes += [p for p in _chat_probes(ref, chat, eos, new_tokens) if p not in probes]
     if len(probes) < n:
         scan = [[t] for t in range(min(vocab, SCAN_IDS)) if t not in eos]
         outs = ref.generate(scan, [Sampling(max_new_tokens=1, ignore_eos=True)] * len(scan))
         probes += [p for p, o in zip(scan, outs) if o.token_ids and o.token_ids[0] in eos]
     return probes[:n]
+
+
+def _chat_probes(ref: EngineHandle, chat: PromptSet, eos: set[int], new_tokens: int) -> list[list[int]]:
+    """The chat source: the reference answers the chat-formatted probe questions greedily (EOS on); each answer
+    that ends in an EOS gives question + answer minus its last k tokens (k <= CHAT_PROBE_TAIL, < new_tokens), so an
+    engine generates those k tokens and must then stop at the EOS. Only sure endings count: teacher-forced through
+    the reference, the EOS and each of the k tokens must lead the runner-up by CHAT_PROBE_MARGIN nats (k shrinks to
+    the sure ones; a probe whose EOS itself is a near-tie is dropped), so bf16 noise cannot fail an honest engine."""
+    outs = ref.generate(chat.prompt_lists(), list(chat.sampling))
+    ended = [(list(prompt), out.token_ids) for prompt, out in zip(chat.prompts, outs)
+             if out.finish_reason == "stop" and out.token_ids and out.token_ids[-1] in eos
+             and not any(t in eos for t in out.token_ids[:-1])]
+    if not ended:
+        return []
+    tails = [min(CHAT_PROBE_TAIL, new_tokens - 1, len(ids) - 1) for _, ids in ended]
+    scores = ref.score([p + ids[: len(ids) - 1 - t] for (p, ids), t in zip(ended, tails)],
+                       [ids[len(ids) - 1 - t:] for (_, ids), t in zip(ended, tails)], top_k=CHAT_PROBE_TOP)
+    probes = []
+    for (prompt, ids), t, sc in zip(ended, tails, scores):
+        lead = [_lead(tok, top_ids, top_lps, eos) for tok, top_ids, top_lps
+                in zip(ids[len(ids) - 1 - t:], sc.top_ids, sc.top_logprobs)]
+        if len(lead) != t + 1 or lead[-1] < CHAT_PROBE_MARGIN:
+            continue
+        k = 0
+        while k < t and lead[t - 1 - k] >= CHAT_PROBE_MARGIN:
+            k += 1
+        probes.append(prompt + ids[: len(ids) - 1 - k])
+    return probes
+
+
+def _lead(token: int, top_ids: list[int], top_lps: list[float], eos: set[int]) -> float:
+    """How far (nats) the reference puts `token` ahead of its runner-up (-inf: not its top-1). Every EOS id counts
+    as `token` when it is an EOS (any of them stops); a runner-up below the top-k list is bounded by its last."""
+    same = (lambda t: t in eos) if token in eos else (lambda t: t == token)
+    if not top_ids or not same(top_ids[0]):
+        return -math.inf
+    best = top_lps[0]
+    others = [lp for t, lp in zip(top_ids, top_lps) if not same(t)]
+    return best - (others[0] if others else top_lps[-1])
 
 
 def _alone(engine: EngineHandle, ps: PromptSet, forced: list[list[int]] | None = None, path: str | None = None,
@@ -364,7 +411,8 @@ def run_correctness(ref: EngineHandle, cand: EngineHandle, wl: GateWorkloads, co
     forced = {split: [o.token_ids[: sizes.tf_max_tokens] for o in r.gen[split]] for split in sets}
     forced.update({split: [o.token_ids for o in r.gen[split]] for split in extra})
     _run_scores(ref, r, every, forced, th.top_k)
-    probe_prompts = _mine_probes(ref, sets, r, eos, sizes.n_eos_probes, vocab)
+    probe_prompts = _mine_probes(ref, sets, r, eos, sizes.n_eos_probes, vocab, wl.chat_probes,
+                                 sizes.probe_new_tokens)
     probe_sampling = [Sampling(max_new_tokens=sizes.probe_new_tokens)] * len(probe_prompts)
     r.probes = ref.generate(probe_prompts, probe_sampling) if probe_prompts else []
     groups = _sampling_plan(ref, wl.dev, sizes, config.seed, vocab)
@@ -424,7 +472,7 @@ def run_correctness(ref: EngineHandle, cand: EngineHandle, wl: GateWorkloads, co
                                       max_seq_len, forced[split], r.scores[(split, "decode")]))
     checks.append(_consistency_check(c.gen.get("dev"), c_dev_in_mixed, cal))
     checks += _probe_checks(probe_prompts, r.probes, c.probes, cal, eos_ids, sizes.probe_new_tokens,
-                            max_seq_len)
+                            max_seq_len, wl.chat_probe_note)
     if sizes.n_long and "long_context" not in extra:
         checks.append(CheckResult.skip("long_context", f"no long-context prompts: {wl.long_note}"))
     for split, ps in extra.items():
@@ -558,10 +606,11 @@ def _consistency_check(dev: list | None, dev_in_mixed: list, cal: Calibration) -
 
 
 def _probe_checks(prompts: list[list[int]], ref: list[GenerationOut], cand: list | None, cal: Calibration,
-                  eos_ids: list[int], new_tokens: int, max_seq_len: int) -> list[CheckResult]:
+                  eos_ids: list[int], new_tokens: int, max_seq_len: int, chat_note: str = "") -> list[CheckResult]:
     stopping = [i for i, o in enumerate(ref) if o.finish_reason == "stop"]
     if not stopping:
-        why = "no EOS probe: the reference never produced an EOS on these prompts"
+        why = "no EOS probe: the reference never produced an EOS on these prompts" + (
+            f" (no chat probes: {chat_note})" if chat_note else "")
         return [CheckResult.skip("eos_probe.stops", why), CheckResult.skip("eos_probe.eos", why)]
     cand_al = _pick(cand, list(range(len(prompts))))
     same = sum(cand_al[i] is not None and cand_al[i].finish_reason == "stop"
@@ -569,8 +618,9 @@ def _probe_checks(prompts: list[list[int]], ref: list[GenerationOut], cand: list
     rate = same / len(stopping)
     return [
         CheckResult.bounded("eos_probe.stops", rate, lower=1 - cal.tolerance["greedy"],
-                            detail=f"{same} of {len(stopping)} prompts whose greedy next token is an EOS ended "
-                                   f"there with finish 'stop', as the reference's did"),
+                            detail=f"{same} of {len(stopping)} prompts whose greedy continuation reaches an EOS "
+                                   f"within {new_tokens} tokens ended there with finish 'stop', with the "
+                                   f"reference's tokens"),
         CheckResult.rules("eos_probe.eos", eos_problems(cand_al, [False] * len(prompts), eos_ids)
                           + length_problems(cand_al, [new_tokens] * len(prompts), [len(p) for p in prompts],
                                             max_seq_len), len(prompts)),
