@@ -10,6 +10,7 @@ from ..config import RunConfig
 from ..store import DvcError, StoreError
 from ..workspace import Report, Workspace, prepare_workspace
 from ..workspace.tree import TreeError
+from .objective import slower_than_parent
 from .resume import save_outcome
 from .reuse import reused_from
 from .spec import SessionOutcome, SessionSpec
@@ -139,11 +140,16 @@ def _diff_or_reason(workspace: Workspace) -> str:
         return f"# no diff: the workspace cannot be read as an engine tree: {e}\n"
 
 
-def decide(spec: SessionSpec, gate_result, reasons: tuple[str, ...]) -> tuple[bool, tuple[str, ...]]:
-    """Retain only a passing candidate whose judged tree holds no secret: a key in engine code would travel with
-    the snapshot to every later session, peer and remote."""
+def decide(spec: SessionSpec, gate_result, reasons: tuple[str, ...], objective: str = "both"
+           ) -> tuple[bool, tuple[str, ...]]:
+    """Retain only a passing candidate that is not slower than its parent beyond measured noise on a timed
+    workload of the run's objective (seis.session.objective), and whose judged tree holds no secret: a key in
+    engine code would travel with the snapshot to every later session, peer and remote."""
     if gate_result is None or gate_result.verdict != "pass":
         return False, reasons
+    slower = slower_than_parent(gate_result.speed, objective)
+    if slower:
+        return False, tuple(f"not retained: {line}" for line in slower)
     leaks = find_secrets(gated_dir(spec))
     if leaks:
         return False, ("not retained: the judged tree holds a secret or an unscannable file: "

@@ -1,0 +1,45 @@
+"""What a run optimises (RunConfig.objective) and the retain rule's speed half: a candidate that passes every check is
+still not retained when it is slower than its parent beyond measured noise on a timed workload of the objective.
+
+- "single": the one-request-at-a-time dev workloads (latency-bound decode);
+- "throughput": the batched dev workload (a server with many requests in flight);
+- "both" (the default on CUDA): all of them; an engine that wins one and loses the other is not retained;
+- "none" (the default elsewhere): the gate's checks alone; a CPU's timings say nothing of the GPU engine it targets.
+
+"Beyond measured noise": the candidate's tok/s over the gate's repetitions (min–max) lies wholly below its parent's,
+measured in the same gate, interleaved (`progress.within_noise`, the rule the best-engine pick uses too).
+Overlapping ranges are noise, whichever way the medians lean.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from .progress import within_noise
+
+Objective = Literal["single", "throughput", "both", "none"]
+OBJECTIVES: tuple[str, ...] = ("single", "throughput", "both", "none")
+
+
+def _counts(batch: int, objective: str) -> bool:
+    return objective == "both" or (objective != "none" and (objective == "single") == (batch == 1))
+
+
+def slower_than_parent(speed, objective: str = "both") -> list[str]:
+    """One line per timed workload of the objective on which the candidate is slower than its parent beyond the
+    measured noise (speed: the gate's SpeedTable, or None when speed was not measured)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    if speed is None:
+        return []
+    batch = {w.name: w.batch for w in speed.workloads}
+    rows = {(r.workload, r.engine): r for r in speed.rows}
+    out = []
+    for name, b in batch.items():
+        cand, parent = rows.get((name, "candidate")), rows.get((name, "parent"))
+        if not _counts(b, objective) or cand is None or parent is None:
+            continue
+        c, p = cand.tok_per_s, parent.tok_per_s
+        if c is not None and p is not None and not within_noise(c, p) and c.median < p.median:
+            out.append(f"slower than its parent on {name} beyond the measured noise: {c.median:.1f} tok/s "
+                       f"({c.min:.1f}–{c.max:.1f}) against {p.median:.1f} ({p.min:.1f}–{p.max:.1f})")
+    return out

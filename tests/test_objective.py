@@ -1,0 +1,56 @@
+"""The retain rule's speed half (seis.session.objective): slower than the parent beyond the measured noise on a
+timed workload of the run's objective means not retained; overlapping ranges are noise."""
+from __future__ import annotations
+
+import pytest
+
+from seis.evaluator.schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
+from seis.session.objective import slower_than_parent
+
+
+def _stat(*values: float) -> SpeedStat:
+    v = sorted(values)
+    return SpeedStat(median=v[len(v) // 2], min=v[0], max=v[-1], n=len(v), values=list(values))
+
+
+def _table(single: tuple, batched: tuple) -> SpeedTable:
+    """single/batched: (candidate tok/s values, parent tok/s values) of the one-at-a-time and the batched workload."""
+    wls = [SpeedWorkloadInfo(name="dev-natural", n_prompts=8, max_new_tokens=256, ignore_eos=False, workload_digest="a"),
+           SpeedWorkloadInfo(name="dev-natural-batch32", n_prompts=32, max_new_tokens=256, ignore_eos=False,
+                             workload_digest="a", batch=32)]
+    rows = []
+    for wl, (cand, parent) in zip(wls, (single, batched)):
+        for engine, values in (("candidate", cand), ("parent", parent), ("vanilla", parent)):
+            rows.append(SpeedRow(workload=wl.name, engine=engine, tokens_per_pass=1.0, tok_per_s=_stat(*values),
+                                 latency_ms=_stat(1.0, 1.0, 1.0)))
+    return SpeedTable(device="cuda", reps=3, method="m", workloads=wls, rows=rows)
+
+
+FASTER_ALONE_SLOWER_BATCHED = _table(((1500, 1490, 1510), (560, 550, 570)), ((4400, 4380, 4420), (4900, 4880, 4950)))
+NOISE = _table(((540, 600, 580), (560, 550, 570)), ((4850, 4990, 4900), (4900, 4880, 4950)))
+
+
+@pytest.mark.parametrize("objective, slower_on", [("both", ["dev-natural-batch32"]), ("throughput", ["dev-natural-batch32"]),
+                                                  ("single", []), ("none", [])])
+def test_a_batched_regression_is_caught_unless_the_objective_is_single_requests(objective, slower_on):
+    lines = slower_than_parent(FASTER_ALONE_SLOWER_BATCHED, objective)
+    assert [line.split(" on ")[1].split(" ")[0] for line in lines] == slower_on
+    if lines:
+        assert "4400.0 tok/s (4380.0–4420.0) against 4900.0 (4880.0–4950.0)" in lines[0]
+
+
+def test_overlapping_ranges_are_noise_whichever_way_the_medians_lean():
+    assert slower_than_parent(NOISE, "both") == []
+    assert slower_than_parent(None, "both") == []
+
+
+def test_an_unknown_objective_is_refused():
+    with pytest.raises(ValueError, match="objective must be one of"):
+        slower_than_parent(NOISE, "latency")
+
+
+def test_the_objective_defaults_to_both_on_cuda_and_none_elsewhere(tmp_path):
+    from seis.config import RunConfig
+    assert RunConfig(device="cuda", out=tmp_path / "a").objective == "both"
+    assert RunConfig(device="cpu", out=tmp_path / "b").objective == "none"
+    assert RunConfig(device="cpu", objective="throughput", out=tmp_path / "c").objective == "throughput"
