@@ -30,14 +30,16 @@ from flows.runtime import quiet_thread_timeout_notice
 from seis.config import RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.sandbox import interrupt_on_exit_signal
-from seis.session import (ChainState, RunDir, initial_states, pick_best, session_spec, upstream_is_vanilla)
+from seis.session import ChainState, RunDir, initial_states, session_spec, upstream_is_vanilla
 from seis.session.dispatch import adopt_recorded, peer_refs, session_request
 from seis.session.display import rounded, run_label, run_tags, session_markdown, summary_artifact_markdown
 from seis.session.params import ParameterError, resolve_config
 from seis.session.preflight import preflight_run
+from seis.session.progress import best_record, pick_best_of_run, run_failure
 from seis.session.protocol import gather_peers, pin_vanilla
 from seis.session.resources import scratch
 from seis.session.resume import clear, finished, still_valid
+from seis.session.status import FINISHED_FAILED_NOTE
 from seis.store import SnapshotStore
 from tasks.artifacts import stable_key
 from tasks.cleanup import release_run
@@ -81,6 +83,7 @@ def seis(config: Optional[RunConfig | dict] = None,
          gate: Optional[Literal["smoke", "quick", "full"]] = None,
          device: Optional[Literal["auto", "cpu", "cuda"]] = None,
          seed: Optional[int] = None,
+         objective: Optional[Literal["single", "throughput", "both", "none"]] = None,
          post_validate: Optional[Literal["off", "quick", "full"]] = None,
          out: Optional[str] = None,
          store: Optional[str] = None,
@@ -179,7 +182,12 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
                 print(f"run stopped: {message}")
                 return Failed(message=f"{message} (the finished sessions are recorded; continue with "
                                       f"{RESUME_HINT.format(out=run.root)})")
-            result = _finish(config, run, vanilla, outcomes)
+            failure = run_failure(outcomes)  # every session finished, yet nothing was judged: after the artifacts
+            result = _finish(config, run, vanilla, outcomes, failure)
+            if failure:
+                run.set_status("failed", sessions_done=len(outcomes), message=failure, note=FINISHED_FAILED_NOTE)
+                print(f"run failed: {failure}")
+                return Failed(message=failure)
             run.set_status("complete", sessions_done=len(outcomes))
             return result
         except Exception as e:
@@ -276,13 +284,13 @@ def _recorded_artifact(outcome, run: RunDir) -> None:
                                          f"{run.root.name}: {outcome.verdict} (recorded)")
 
 
-def _finish(config: RunConfig, run: RunDir, vanilla: str, outcomes) -> str:
+def _finish(config: RunConfig, run: RunDir, vanilla: str, outcomes, failure: str | None = None) -> str:
     rows = [o.summary_row() for o in outcomes]
     run.write_summary(rows)
     figure = run.write_chain_figure()
     run.write_timeline()
-    best = pick_best(outcomes)
-    run.write_best(best.summary_row() if best else None)
+    best, best_within_noise = pick_best_of_run(run.root, outcomes)   # a gain within noise ranks as 1.0x
+    run.write_best(best_record(best, best_within_noise))
     if config.post_validate != "off" and best is not None:
         postval_dir = run.root / "postval"
         clear(postval_dir)                       # an interrupted post-validation is redone whole
@@ -290,7 +298,7 @@ def _finish(config: RunConfig, run: RunDir, vanilla: str, outcomes) -> str:
                            quote(best.dev_speedup_vs_vanilla), quote(postval_dir))
     summary_md = (run.root / "summary.md").read_text()
     create_markdown_artifact(summary_artifact_markdown(config.run_id, config.protocol, run.root, summary_md, figure,
-                                                       best),
+                                                       best, best_within_noise, failure),
                              key=stable_key("summary"), description=f"SEIS {config.protocol} run {config.run_id}")
     create_table_artifact([rounded(r) for r in rows], key=stable_key("sessions"),
                           description=f"SEIS {config.protocol} run {config.run_id}: one row per session")

@@ -201,6 +201,9 @@ def evolve(
     gate: Optional[str] = typer.Option(None, help="Gate sizes: smoke, quick or full (default: full on CUDA, else quick)."),
     device: Optional[str] = typer.Option(None, help="auto (default), cpu or cuda."),
     seed: Optional[int] = typer.Option(None, help="Seed (default 0)."),
+    objective: Optional[str] = typer.Option(None, help="Retain only if not slower than the parent beyond noise on: "
+                                                       "single (one request at a time), throughput (batched), both "
+                                                       "(default on CUDA), or none (checks alone; default on CPU)."),
     out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>); must be new or empty."),
     store: Optional[Path] = typer.Option(None, help="Snapshot store (default store/; DVC-tracked inside a DVC "
                                                     "repo)."),
@@ -215,7 +218,7 @@ def evolve(
 ) -> None:
     """Run an evolution (the `seis` Prefect flow; no server needed) and print the summary table."""
     values = dict(protocol=protocol, chains=chains, sessions=sessions, sync_every=sync_every, model=model,
-                  agent=agent, gate=gate, device=device, seed=seed, store=store, post_validate=post_validate,
+                  agent=agent, gate=gate, device=device, seed=seed, objective=objective, store=store, post_validate=post_validate,
                   out=out, agent_model=agent_model, agent_base_url=agent_base_url, agent_command=agent_command,
                   max_turns=max_turns, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
                   agent_network=agent_network, dispatch=dispatch, session_deployment=session_deployment,

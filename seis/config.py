@@ -30,6 +30,10 @@ class RunConfig(BaseModel):
     gate: Literal["smoke", "quick", "full"] = Field(
         "quick", description="gate sizes: smoke (tests), quick (CPU-friendly) or full (default on CUDA)")
     seed: int = 0
+    objective: Literal["single", "throughput", "both", "none"] = Field(
+        None, description="retain rule's speed half: not slower than the parent beyond noise on the one-at-a-time "
+                          "dev workloads (single), the batched one (throughput), all (both; default on CUDA) or "
+                          "none (the checks alone; default elsewhere, where timings say nothing of a GPU engine)")
     post_validate: Literal["off", "quick", "full"] = Field(
         "off", description="after the run: post-validate the best retained engine against vanilla")
     max_transformations: int = Field(1, ge=0, description="offline agent: new changes per session")
@@ -76,9 +80,14 @@ class RunConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _gate_for_device(cls, values):
-        """Unless chosen, the gate is the full one on CUDA (speed ratios that mean something), quick elsewhere."""
-        if isinstance(values, dict) and values.get("gate") is None:
-            values = {**values, "gate": "full" if runs_on_cuda(values.get("device", "auto")) else "quick"}
+        """Unless chosen, the gate is the full one on CUDA (speed ratios that mean something), quick elsewhere, and
+        the objective likewise "both" on CUDA, "none" elsewhere."""
+        if isinstance(values, dict):
+            cuda = runs_on_cuda(values.get("device", "auto"))
+            if values.get("gate") is None:
+                values = {**values, "gate": "full" if cuda else "quick"}
+            if values.get("objective") is None:
+                values = {**values, "objective": "both" if cuda else "none"}
         return values
 
     @field_validator("out", "store")
@@ -114,6 +123,7 @@ class RunConfig(BaseModel):
         from .session.steps import AGENTS_AVAILABLE
         if self.agent not in AGENTS_AVAILABLE:
             raise ValueError(f"agent {self.agent!r} is not available yet (available: {', '.join(AGENTS_AVAILABLE)})")
+        self._check_device()
         if self.agent != "offline":  # API key by env var name, cli command, prompt template: before any work
             from .agents.llm import check_ready, settings_from_config
             check_ready(settings_from_config(self), max_cost_usd=self.max_cost_usd)
@@ -130,6 +140,16 @@ class RunConfig(BaseModel):
             from .engine_import import check_engine_dir
             check_engine_dir(self.base_engine)
         self._check_out_dir(resume, resume_hint)
+
+    def _check_device(self) -> None:
+        """device=cuda needs a CUDA GPU on this machine (not with dispatch=workers: the sessions then run on the
+        workers' devices); without one every session would only end in an error."""
+        if self.device != "cuda" or self.dispatch == "workers":
+            return
+        import torch  # lazy: as runs_on_cuda does for device auto
+        if not torch.cuda.is_available():
+            raise ValueError("device cuda was asked for, but this machine has no usable CUDA GPU "
+                             "(torch.cuda.is_available() is False): run on a GPU host, or use device cpu or auto")
 
     def _check_out_dir(self, resume: bool, resume_hint: str) -> None:
         out = self.out

@@ -21,6 +21,7 @@ from seis.evaluator import render_gate_for_agents
 from seis.session import (Retention, SessionOutcome, SessionResult, SessionSpec, decide, judge, needs_gate,
                           not_gated, prepare, record, run_agent, snapshot_or_keep_parent)
 from seis.session.display import run_label, session_markdown
+from seis.session.progress import progress_line
 from seis.session.timeouts import step_timeouts
 from seis.store import SnapshotStore
 
@@ -93,11 +94,10 @@ def session_task(config: RunConfig, spec: SessionSpec, store_root: Path) -> Sess
         return SessionResult(spec.chain, spec.session, failure=f"{label}: a step timed out ({e})")
     if judgement.host_failure:
         return SessionResult(spec.chain, spec.session, failure=f"{label}: {judgement.host_failure}")
-    retained, reasons = decide(spec, judgement.gate_result, judgement.reasons)
+    retained, reasons = decide(spec, judgement.gate_result, judgement.reasons, config.objective)
     (snapshot, retained, reasons), last = _step(snapshot_task, store_root, spec, judgement.gate_result, retained,
                                                 reasons, after=last)
     outcome, _ = _step(report_task, spec, workspace, agent_result, judgement.gate_result, snapshot, retained,
                        reasons, time.monotonic() - t0, after=last)
-    status = "retained" if retained else "kept parent"
-    print(f"[{spec.chain} s{spec.session}] {agent_result.notes} -> {outcome.verdict}, {status} ({snapshot})")
+    print(progress_line(spec.session_dir, agent_result.notes, outcome))  # speedups, noise, the run's best so far
     return SessionResult(spec.chain, spec.session, outcome=outcome)

@@ -75,10 +75,15 @@ def session_markdown(outcome: SessionOutcome, measurements: str, session_dir: Pa
 
 
 def summary_artifact_markdown(run_id: str, protocol: str, run_root: Path, summary_md: str, figure: Path | None,
-                              best: SessionOutcome | None) -> str:
-    """The run's summary artifact: what ran, the best retained engine, the chain figure and the summary table."""
+                              best: SessionOutcome | None, best_within_noise: bool = False,
+                              failure: str | None = None) -> str:
+    """The run's summary artifact: what ran (and why it failed, when it did), the best retained engine, the chain
+    figure and the summary table."""
+    noise = " (within noise: no gain shown beyond its gate's noise)" if best_within_noise else ""
     best_line = (f"Best retained engine: `{best.snapshot}` ({run_label(best.chain, best.session)}, dev speedup vs "
-                 f"vanilla {_x(best.dev_speedup_vs_vanilla)})" if best else "No engine was retained.")
+                 f"vanilla {_x(best.dev_speedup_vs_vanilla)}{noise})" if best else "No engine was retained.")
+    if failure:
+        best_line = f"**Run failed:** {failure}\n\n{best_line}"
     return "\n".join([
         f"# SEIS {protocol} run `{run_id}`", "", best_line, "",
         f"Chain figure: `{figure}`" if figure else "Chain figure: none", "",

@@ -13,17 +13,32 @@ import os
 import shutil
 from pathlib import Path
 
+from .rundir import RunDir, run_root_of
 from .spec import SessionOutcome
+from .status import count_sessions_done
 
 OUTCOME_FILE = "outcome.json"
 
 
 def save_outcome(session_dir: Path, outcome: SessionOutcome) -> Path:
+    """Record the outcome (atomically), then count it in the run's status.json (`sessions_done`, under the status
+    lock: sessions finishing at once in parallel chains each count)."""
     path = session_dir / OUTCOME_FILE
     part = path.with_suffix(".json.part")
     part.write_text(json.dumps(outcome.to_dict(), indent=2, default=str) + "\n")
     os.replace(part, path)
+    root = run_root_of(session_dir)
+    if root is not None:
+        count_sessions_done(root, RunDir(root).sessions_recorded)
     return path
+
+
+def recorded_outcomes(root: Path) -> list[SessionOutcome]:
+    """Every outcome recorded in a run directory so far, in session then chain order (a resumed run's stale ones
+    included until they are redone)."""
+    outcomes = [o for o in (load_outcome(p.parent) for p in (Path(root) / "chains").glob(f"*/*/{OUTCOME_FILE}"))
+                if o is not None]
+    return sorted(outcomes, key=lambda o: (o.session, len(o.chain), o.chain))  # c2 before c10
 
 
 def load_outcome(session_dir: Path) -> SessionOutcome | None:

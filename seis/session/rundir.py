@@ -108,6 +108,15 @@ class RunDir:
         (self.root / "best.json").write_text(json.dumps(best, indent=2) + "\n")
 
 
+def run_root_of(session_dir: Path) -> Path | None:
+    """The run directory a session directory (`<root>/chains/<chain>/<session>`) belongs to; None for a path not
+    laid out so."""
+    parts = Path(session_dir).parts
+    if len(parts) < 4 or parts[-3] != "chains":
+        return None
+    return Path(session_dir).parents[2]
+
+
 def summary_markdown(df) -> str:
     shown = df[["chain", "session", "verdict", "retained", "dev_speedup_vs_vanilla", "dev_speedup_vs_parent",
                 "applied", "adopted", "synced_from", "snapshot", "reasons", "wall_s"]]

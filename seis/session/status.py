@@ -2,7 +2,11 @@
 (and `--resume`) can tell a half-finished run folder from a complete one.
 
 A process killed outright cannot write anything: its run stays `running` with a pid that no longer exists,
-which `RunStatus.alive` reveals.
+which `RunStatus.alive` reveals. `sessions_done` counts the sessions whose outcome is recorded, updated as each
+one is (`count_sessions_done`), so a reader sees a run's progress while it runs and after a crash.
+
+Every write is a read-modify-write of the whole file under one lock (`.status.lock` beside it), so the flow and
+sessions finishing in parallel threads (or on workers sharing the run directory) never lose each other's update.
 """
 from __future__ import annotations
 
@@ -11,12 +15,15 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel
 
 STATUS_FILE = "status.json"
+STATUS_LOCK = ".status.lock"
 State = Literal["running", "complete", "failed", "cancelled", "crashed"]
+FINISHED_FAILED_NOTE = ("every session of this run is recorded, but none reached a verdict (see message); resuming "
+                        "would end the same way: fix the cause and start a new run")
 UNFINISHED_NOTE = ("this run is not finished; continue it with `seis evolve --resume {root}` (in Prefect: the flow "
                    "parameter resume={root})")
 
@@ -53,16 +60,44 @@ def read_status(root: Path) -> RunStatus | None:
         return None
 
 
-def write_status(root: Path, state: State, **values) -> RunStatus:
-    """Update status.json (atomically), keeping the fields not given."""
-    old = read_status(root)
-    base = old.model_dump() if old is not None else {}
-    base.update(values, state=state, updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), pid=os.getpid(),
-                host=socket.gethostname())
-    base["note"] = "" if state == "complete" else UNFINISHED_NOTE.format(root=Path(root))
-    status = RunStatus(**base)
+def _locked(root: Path):
+    from ..store.lock import FileLock
+    return FileLock(Path(root) / STATUS_LOCK, timeout_s=60.0)
+
+
+def _save(root: Path, status: RunStatus) -> RunStatus:
     path = Path(root) / STATUS_FILE
-    part = path.with_suffix(".json.part")
+    part = path.with_name(f"{STATUS_FILE}.{os.getpid()}.part")
     part.write_text(json.dumps(status.model_dump(), indent=2) + "\n")
     os.replace(part, path)
     return status
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def write_status(root: Path, state: State, **values) -> RunStatus:
+    """Update status.json (atomically, under the status lock), keeping the fields not given. `note` defaults to
+    how to continue the run, for every state but `complete`."""
+    with _locked(root):
+        old = read_status(root)
+        base = old.model_dump() if old is not None else {}
+        note = values.pop("note", None)
+        base.update(values, state=state, updated_at=_now(), pid=os.getpid(), host=socket.gethostname())
+        base["note"] = note if note is not None else ("" if state == "complete"
+                                                      else UNFINISHED_NOTE.format(root=Path(root)))
+        return _save(root, RunStatus(**base))
+
+
+def count_sessions_done(root: Path, count: Callable[[], int]) -> RunStatus | None:
+    """Set sessions_done to `count()` (the outcomes on disk), counted and written under the status lock, so two
+    sessions recorded at once both show; state, pid and host are left as the flow wrote them. None (nothing
+    written) where the directory has no status.json: not a run directory."""
+    if not (Path(root) / STATUS_FILE).is_file():
+        return None
+    with _locked(root):
+        old = read_status(root)
+        if old is None:
+            return None
+        return _save(root, old.model_copy(update={"sessions_done": count(), "updated_at": _now()}))

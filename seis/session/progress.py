@@ -1,0 +1,164 @@
+"""What a run says while it runs and how it ends: one line per finished session (its speedups, whether they are
+within noise, the best engine so far), the noise rule the best-engine pick uses, and whether a run that finished
+every session still failed (nothing in it was judged). Nothing here imports Prefect."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .lineage import pick_best
+from .spec import SessionOutcome
+
+BASELINES = ("parent", "vanilla")
+
+
+def within_noise(candidate, baseline) -> bool:
+    """Whether a speedup is within noise: the candidate's tok/s range over the gate's repetitions (min..max of the
+    per-repetition tok/s, SpeedStat) overlaps the baseline engine's range in the same gate, on the workload the
+    session's speedups come from (single request, natural length). The gate times at least three interleaved
+    repetitions; if the slowest pass of one engine is faster than the fastest pass of the other, the gap is
+    bigger than anything this gate saw the machine do to the same engine, and the speedup counts. Otherwise it
+    is within noise, whatever the median ratio says. Conservative by design: on a quiet machine ranges are
+    narrow and a few percent show; on a busy CPU a large ratio can be noise (the same tree scored 0.47x-1.47x).
+    Not a test of significance: a gate whose repetitions all drifted alike can still mislead. No measurement
+    (either side None): False, there is no speedup to call noise."""
+    if candidate is None or baseline is None:
+        return False
+    return candidate.min <= baseline.max and baseline.min <= candidate.max
+
+
+@dataclass(frozen=True)
+class GainNoise:
+    """Whether a session's dev speedups (vs its parent, vs vanilla) are within noise; False when not measured."""
+    vs_parent: bool = False
+    vs_vanilla: bool = False
+
+
+def speed_rows(speed) -> dict:
+    """engine -> SpeedRow on the workload a session's dev speedups come from: the natural-length one, timed one
+    request at a time (as steps.dev_speedups picks it)."""
+    if speed is None:
+        return {}
+    single = {w.name for w in speed.workloads if w.batch == 1}
+    names = [r.workload for r in speed.rows if r.engine == "candidate" and r.workload in single]
+    name = next((n for n in names if "natural" in n), names[0] if names else None)
+    return {r.engine: r for r in speed.rows if r.workload == name}
+
+
+def gain_noise(speed) -> GainNoise:
+    """GainNoise from a gate's speed table (SpeedTable, or None: not measured)."""
+    rows = speed_rows(speed)
+    cand = rows.get("candidate")
+    if cand is None or cand.tok_per_s is None:
+        return GainNoise()
+    stat = {b: (rows[b].tok_per_s if b in rows else None) for b in BASELINES}
+    return GainNoise(within_noise(cand.tok_per_s, stat["parent"]), within_noise(cand.tok_per_s, stat["vanilla"]))
+
+
+def session_gain_noise(session_dir: Path) -> GainNoise:
+    """GainNoise of a recorded session: from its gate.json, or the gate.json of the session whose verdict it
+    reused (gate-reused.json). No gate recorded: not measured."""
+    from ..evaluator.schema import SpeedTable
+    from .reuse import reused_from
+    from .rundir import run_root_of
+
+    gate_file = Path(session_dir) / "gate.json"
+    reused = reused_from(session_dir)
+    root = run_root_of(session_dir)
+    if not gate_file.is_file() and reused and root is not None:
+        gate_file = root / reused / "gate.json"
+    try:
+        speed = json.loads(gate_file.read_text()).get("speed")
+        return gain_noise(SpeedTable.model_validate(speed) if speed else None)
+    except (OSError, ValueError, AttributeError):
+        return GainNoise()
+
+
+def noisy_sessions(outcomes: list[SessionOutcome], noise: dict[tuple[str, int], GainNoise]) -> set[tuple[str, int]]:
+    """The (chain, session) whose gain over vanilla is within noise: what pick_best ranks as 1.0x."""
+    return {(o.chain, o.session) for o in outcomes if noise.get((o.chain, o.session), GainNoise()).vs_vanilla}
+
+
+def run_noise(root: Path, outcomes: list[SessionOutcome]) -> dict[tuple[str, int], GainNoise]:
+    """GainNoise of each recorded session of a run directory."""
+    from .rundir import RunDir
+    run = RunDir(Path(root))
+    return {(o.chain, o.session): session_gain_noise(run.session_dir(o.chain, o.session)) for o in outcomes}
+
+
+def pick_best_of_run(root: Path, outcomes: list[SessionOutcome]) -> tuple[SessionOutcome | None, bool]:
+    """The run's best engine (lineage.pick_best, a gain within noise ranked as 1.0x) and whether its own gain over
+    vanilla is within noise."""
+    noisy = noisy_sessions(outcomes, run_noise(root, outcomes))
+    best = pick_best(outcomes, noisy)
+    return best, best is not None and (best.chain, best.session) in noisy
+
+
+def best_record(best: SessionOutcome | None, best_within_noise: bool) -> dict | None:
+    """What best.json holds: the best engine's summary row, and whether its gain over vanilla is within noise."""
+    return None if best is None else {**best.summary_row(), "dev_speedup_within_noise": best_within_noise}
+
+
+# ---- the session line --------------------------------------------------------------------------------------------
+def speedup_text(value: float | None, noisy: bool) -> str:
+    """`1.52x`, `1.04x (within noise)`, or `-` (not gated)."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}x" + (" (within noise)" if noisy else "")
+
+
+def session_line(outcome: SessionOutcome, notes: str, noise: GainNoise = GainNoise(),
+                 best: SessionOutcome | None = None, best_within_noise: bool = False) -> str:
+    """`[c1 s2] <notes> -> pass, retained (2f07be636240d250); vs parent 1.04x (within noise), vs vanilla 1.52x;
+    best so far 1.52x (c1/s2)`."""
+    from .display import run_label
+    status = "retained" if outcome.retained else "kept parent"
+    best_text = "none retained" if best is None else \
+        f"{speedup_text(best.dev_speedup_vs_vanilla, best_within_noise)} ({run_label(best.chain, best.session)})"
+    return (f"[{outcome.chain} s{outcome.session}] {notes} -> {outcome.verdict}, {status} ({outcome.snapshot}); "
+            f"vs parent {speedup_text(outcome.dev_speedup_vs_parent, noise.vs_parent)}, "
+            f"vs vanilla {speedup_text(outcome.dev_speedup_vs_vanilla, noise.vs_vanilla)}; best so far {best_text}")
+
+
+def progress_line(session_dir: Path, notes: str, outcome: SessionOutcome) -> str:
+    """The session line of a session just recorded in its run directory; the best so far is picked, as best.json
+    will be, from every outcome the run directory holds now (a resumed run's stale ones included until redone)."""
+    from .resume import recorded_outcomes
+    from .rundir import run_root_of
+
+    noise = session_gain_noise(session_dir)
+    root = run_root_of(session_dir)
+    if root is None:
+        return session_line(outcome, notes, noise)
+    best, best_noisy = pick_best_of_run(root, recorded_outcomes(root))
+    return session_line(outcome, notes, noise, best, best_noisy)
+
+
+# ---- how a run ends ------------------------------------------------------------------------------------------------
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def run_failure(outcomes: list[SessionOutcome]) -> str | None:
+    """Why a run whose sessions all finished still failed, in one line; None when it did not.
+
+    It failed when no session reached a gate verdict (pass or fail) and at least one errored (verdict "error": no
+    gate ran for a reason other than the agent changing nothing: the agent failed, the gate refused the tree,
+    the device could not be used). Sessions whose agent changed nothing ("no_change") are not errors: a run of
+    only those (an offline library with nothing left to try) completes, since nothing broke and the summary
+    says there was nothing to do; but beside errors they do not make the run a success. One verdict, pass or
+    fail, means the machinery judged something: the run completes and the summary tells the rest."""
+    if not outcomes or any(o.verdict in ("pass", "fail") for o in outcomes):
+        return None
+    errors = [o for o in outcomes if o.verdict == "error"]
+    if not errors:
+        return None
+    from .display import run_label
+    first = errors[0]
+    why = _one_line(f"{run_label(first.chain, first.session)}: {'; '.join(first.reasons) or 'no reason recorded'}")
+    if len(errors) == len(outcomes):
+        return f"every session errored ({len(errors)} of {len(outcomes)}), nothing was judged; first: {why}"
+    return (f"no session reached a verdict: {len(errors)} of {len(outcomes)} errored, the others changed nothing; "
+            f"first: {why}")
