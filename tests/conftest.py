@@ -43,3 +43,13 @@ def engine_pid() -> Iterator[int]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def harness():
+    """A Prefect test server for one test module. Start-up may take long on a busy 2-core machine: it is given
+    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (180 s unless set) instead of Prefect's default."""
+    from prefect.testing.utilities import prefect_test_harness
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    with prefect_test_harness(server_startup_timeout=None):
+        yield

@@ -153,13 +153,6 @@ def _hold_then(tmp_path: Path, sig: int) -> None:
     proc.wait(timeout=60)
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-    with prefect_test_harness(server_startup_timeout=None):  # PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
-        yield
-
-
 def test_the_gpu_slot_is_released_when_its_holder_crashes_or_is_killed(harness, tmp_path):
     from tasks.gpu import ensure_gpu_limit, registry
     ensure_gpu_limit()

@@ -20,13 +20,6 @@ from seis.workspace import tree_hash
 LIBRARY = Path(__file__).resolve().parents[1] / "seis" / "agents" / "offline" / "library"
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-    with prefect_test_harness():
-        yield
-
-
 def _run(tmp_path: Path, **values) -> pd.DataFrame:
     return _run_with_id(tmp_path, **values)[0]
 

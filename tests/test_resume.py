@@ -28,13 +28,6 @@ from seis.session.resources import scratch_dir
 LIBRARY = Path(__file__).resolve().parents[1] / "seis" / "agents" / "offline" / "library"
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-    with prefect_test_harness(server_startup_timeout=None):  # PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
-        yield
-
-
 def _library(tmp_path: Path) -> Path:
     import shutil
     lib = tmp_path / "library"
