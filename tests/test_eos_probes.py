@@ -58,9 +58,8 @@ def _by_name(result: GateResult) -> dict:
 @pytest.mark.parametrize("size, make, trim", [
     ("smoke", None, None),
     ("smoke", H.ignore_eos, None),
-    ("quick", None, QUICK_WITHOUT_UNRELATED),
-    ("quick", every_request_ignore_eos, QUICK_WITHOUT_UNRELATED),
-], ids=["smoke-e0", "smoke-never_stops_at_eos", "quick-e0", "quick-every_request_ignore_eos"])
+    ("quick", every_request_ignore_eos, QUICK_WITHOUT_UNRELATED),  # E0 on the same probes: the smoke-e0 case
+], ids=["smoke-e0", "smoke-never_stops_at_eos", "quick-every_request_ignore_eos"])
 def test_smollm2_eos_probes_catch_an_engine_that_ignores_eos(size: str, make, trim, prepared_dir: Path,
                                                              tmp_path: Path) -> None:
     candidate = H.copy_engine(tmp_path / "candidate")
