@@ -238,8 +238,12 @@ def evolve(
     finally:
         _restore_signals(previous)
     if not state.is_completed():  # one line, not the tracebacks (those are in the task runs' logs)
-        _fail(f"{state.message or f'the run ended {state.name}'} (continue with: seis evolve --resume {config.out})",
-              code=1)
+        from .session.status import FINISHED_FAILED_NOTE, read_status
+        recorded = read_status(config.out)
+        hint = (" (every session is recorded: a new run is needed, not a resume)"
+                if recorded is not None and recorded.note == FINISHED_FAILED_NOTE
+                else f" (continue with: seis evolve --resume {config.out})")
+        _fail(f"{state.message or f'the run ended {state.name}'}{hint}", code=1)
     typer.echo(f"run directory: {state.result()}")
 
 

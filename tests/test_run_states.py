@@ -219,6 +219,7 @@ def test_evolve_whose_every_session_errors_exits_non_zero_and_says_failed(tmp_pa
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "every session errored (2 of 2), nothing was judged" in errors[0], out.stderr
+    assert "a new run is needed" in errors[0] and "--resume" not in errors[0]  # resuming would end the same way
     assert "Traceback" not in out.stderr
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "failed" and status["sessions_done"] == 2, status
