@@ -405,10 +405,10 @@ def test_speed_plan_draws_distinct_prompts_and_shrinks_or_says_so(prepared_dir):
     # A pool that cannot give even one new prompt per repetition: prompts repeat, and the result says so.
     many = prepare_plan(make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="cpu", max_batch_size=4,
                                     prepared_dir=prepared_dir, gsm8k_items=0, retrieval_items=0, speed_requests=0,
-                                    dev_requests=1, heldout=False, reps=40))
+                                    dev_requests=1, heldout=False, reps=100))
     sp = speed_plan(many, 512)
-    pool = next(p for p in sp.pools if p.name == "gsm8k-dev")
-    assert pool.repeated == 80 - pool.available > 0 and not any(ts.distinct for ts in sp.workloads)
+    pool = next(p for p in sp.pools if p.name == "gsm8k-dev")  # two dev workloads x 100 repetitions x 1 request
+    assert pool.repeated == 200 - pool.available > 0 and not any(ts.distinct for ts in sp.workloads)
     assert any("repeat" in note for note in sp.notes)
 
 
