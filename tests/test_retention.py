@@ -22,7 +22,8 @@ def _judged(tmp_path: Path) -> tuple[SessionSpec, SimpleNamespace]:
     spec = SessionSpec(run_id="r", chain="c0", chain_index=0, session=1, parent_snapshot="0" * 16,
                        session_dir=tmp_path / "session")
     shutil.copytree(ENGINE_TEMPLATE, gated_dir(spec), ignore=shutil.ignore_patterns("__pycache__"))
-    result = SimpleNamespace(verdict="pass", hashes=SimpleNamespace(candidate_tree=tree_sha256(gated_dir(spec))))
+    result = SimpleNamespace(verdict="pass", speed=None,  # speed not measured: the checks alone decide
+                             hashes=SimpleNamespace(candidate_tree=tree_sha256(gated_dir(spec))))
     return spec, result
 
 
@@ -41,7 +42,8 @@ def test_a_tree_holding_a_key_is_not_retained(plant: str, tmp_path: Path, monkey
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     spec, _ = _judged(tmp_path)
     (gated_dir(spec) / "engine" / "constants.py").write_text(f"TOKEN = {plant!r}\n")
-    result = SimpleNamespace(verdict="pass", hashes=SimpleNamespace(candidate_tree=tree_sha256(gated_dir(spec))))
+    result = SimpleNamespace(verdict="pass", speed=None,  # speed not measured: the checks alone decide
+                             hashes=SimpleNamespace(candidate_tree=tree_sha256(gated_dir(spec))))
     retained, reasons = decide(spec, result, ())
     assert not retained and "secret" in reasons[0] and KEY not in reasons[0]
 
