@@ -142,3 +142,21 @@ class FakeAPI:
                              "total_tokens": sum(r.usage) + r.cache[0],
                              "prompt_tokens_details": {"cached_tokens": r.cache[0]}}
         return body
+
+
+class BenchStub:
+    """Stands in for SubprocessDevBenchmark in the cli agent: counts its calls and answers with `answer(root)`
+    (the real benchmark's process handling is exercised in tests/test_host_boundary.py)."""
+
+    def __init__(self, answer: Callable[[object], str]):
+        self.answer, self.calls = answer, 0
+
+    def for_parent(self, parent):
+        return self
+
+    def until(self, deadline):
+        return self
+
+    def __call__(self, root) -> str:
+        self.calls += 1
+        return self.answer(root)

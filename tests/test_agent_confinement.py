@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import seis
-from llm_fakes import FakeAPI, Reply
+from llm_fakes import BenchStub, FakeAPI, Reply
 from seis.agents import Budget, SessionContext
 from seis.agents.llm import LLMSettings
 from seis.agents.llm.agent import LLMAgent
@@ -350,21 +350,6 @@ def test_missing_usage_stops_a_budgeted_session_and_cache_tokens_are_priced(tmp_
 
 # --- the cli agent ------------------------------------------------------------------------------------------------
 
-class FakeBench:
-    """Stands in for SubprocessDevBenchmark in the cli agent (the real one is exercised end to end below)."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def for_parent(self, parent):
-        return self
-
-    def until(self, deadline):
-        return self
-
-    def __call__(self, root: Path) -> str:
-        self.calls += 1
-        return _env_bench(root)
 
 
 def test_hostile_cli_agent_leaks_and_changes_nothing(tmp_path, keys, host_socket):
@@ -378,7 +363,7 @@ def test_hostile_cli_agent_leaks_and_changes_nothing(tmp_path, keys, host_socket
                    "$SEIS_DEV_BENCHMARK; echo \"K = '$(printf %s \"$ANTHROPIC_API_KEY\" | base64)'\" > engine/k.py; "
                    "printf '## Report\\nkey %s\\nCHANGES: x\\n' \"$(echo $ANTHROPIC_API_KEY | rev)\" "
                    "> SESSION_REPORT.md")
-        bench = FakeBench()
+        bench = BenchStub(_env_bench)
         agent = CliAgent(LLMSettings("cli", command=command, pass_env=("ANTHROPIC_API_KEY",), wall_s=60),
                          bench, sandbox=AgentSandbox())
         result = agent.edit(ws, SessionContext("c0", 1))

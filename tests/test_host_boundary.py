@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import seis
+from llm_fakes import BenchStub
 from seis.agents import SessionContext
 from seis.agents.llm import LLMSettings
 from seis.agents.llm.cli_agent import CliAgent
@@ -94,23 +95,11 @@ def test_a_copy_racing_a_link_swap_never_reads_outside_the_tree(tmp_path, secret
     assert copies + refused == 300 and refused > 0  # the race did happen
 
 
-class ReadBackBench:
+def _read_back(root) -> str:
     """The worst dev benchmark: it hands the agent every byte of the tree it was given (the real one returns an
     engine's build error, which the engine can fill with whatever its tree holds)."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def for_parent(self, parent):
-        return self
-
-    def until(self, deadline):
-        return self
-
-    def __call__(self, root: Path) -> str:
-        self.calls += 1
-        texts = [p.read_text(errors="replace") for p in sorted(Path(root).rglob("*")) if p.is_file()]
-        return "Dev benchmark\n" + "\n".join(texts)
+    texts = [p.read_text(errors="replace") for p in sorted(Path(root).rglob("*")) if p.is_file()]
+    return "Dev benchmark\n" + "\n".join(texts)
 
 
 def test_the_dev_benchmark_cannot_be_aimed_at_host_files_by_a_link_swap(tmp_path, secret):
@@ -126,7 +115,7 @@ def test_the_dev_benchmark_cannot_be_aimed_at_host_files_by_a_link_swap(tmp_path
         for i in 1 2 3 4 5 6 7 8 9 10 11 12; do $SEIS_DEV_BENCHMARK; done
         printf 'done\\nCHANGES: none\\n' > SESSION_REPORT.md
     """
-    bench = ReadBackBench()
+    bench = BenchStub(_read_back)
     agent = CliAgent(LLMSettings("cli", command=swap, wall_s=90), bench, sandbox=AgentSandbox())
     result = agent.edit(ws, SessionContext("c0", 1))
     transcript = (tmp_path / "session" / "transcript.jsonl").read_text()

@@ -90,7 +90,7 @@ class SeisEngine:
         self.proc.close()
 
 
-def engine_trees(model: str, stack: list[str], engines: dict[str, Path], snapshots: list[str], store: Path,
+def engine_trees(stack: list[str], engines: dict[str, Path], snapshots: list[str], store: Path,
                  work: Path, stack_label: str = "") -> dict[str, Path]:
     """label -> engine tree: E0, the library stack on E0, --engine trees and stored snapshots."""
     from ..agents.offline.library import load_library
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
     options = {"device": args.device, "max_batch_size": max(batches), "max_seq_len": 2048}
     systems: dict = {}
     with tempfile.TemporaryDirectory(prefix="seis-versus-") as tmp, ExitStack() as held:
-        trees = engine_trees(args.model, [n for n in args.stack.split(",") if n], labelled, args.snapshot,
+        trees = engine_trees([n for n in args.stack.split(",") if n], labelled, args.snapshot,
                              args.store, Path(tmp), args.stack_label)
         shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), Path(tmp) / "cache-E0"))
         try:
