@@ -96,7 +96,7 @@ def gate(
               "prepared_dir": prepared_dir}
     if reference is not None:
         values["reference"] = reference
-    config = GateConfig.quick(**values) if quick else GateConfig(**values)
+    config = GateConfig.preset("quick" if quick else "full", **values)
     try:
         result = run_gate(config)
     except GateInputError as e:

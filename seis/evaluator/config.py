@@ -184,12 +184,32 @@ class GateConfig(_Frozen):
         return self
 
     @classmethod
-    def quick(cls, **values) -> "GateConfig":
-        """Small sizes for a fast look (CPU, smoke tests): a few prompts, short outputs."""
-        values.setdefault("checks", CheckSizes(n_dev=4, n_heldout_gsm8k=4, n_heldout_shapes=2, max_new_tokens=24,
-                                               tf_max_tokens=24, n_eos_probes=3, n_long=1,
-                                               long_context_tokens=1024))
-        values.setdefault("speed", SpeedConfig(n_prompts=2, natural_max_new_tokens=32, fixed_max_new_tokens=32,
-                                               batch_size=4))
-        values.setdefault("max_prompt_tokens", 256)
+    def preset(cls, size: GateSize, **values) -> "GateConfig":
+        """The gate at one of its named sizes; explicit `values` win over the preset's.
+
+        full: what a retained engine must pass. quick: a fast look (CPU sessions, the dev benchmark). smoke: the
+        smallest sizes that still run every check (tests, CPU smoke runs)."""
+        for key, value in _PRESETS[size]().items():
+            values.setdefault(key, value)
         return cls(**values)
+
+
+GateSize = Literal["smoke", "quick", "full"]
+
+
+def _quick() -> dict:
+    return dict(checks=CheckSizes(n_dev=4, n_heldout_gsm8k=4, n_heldout_shapes=2, max_new_tokens=24, tf_max_tokens=24,
+                                  n_eos_probes=3, n_long=1, long_context_tokens=1024),
+                speed=SpeedConfig(n_prompts=2, natural_max_new_tokens=32, fixed_max_new_tokens=32, batch_size=4),
+                max_prompt_tokens=256)
+
+
+def _smoke() -> dict:
+    return dict(checks=CheckSizes(n_dev=2, n_heldout_gsm8k=2, n_heldout_shapes=1, max_new_tokens=12, tf_max_tokens=12,
+                                  n_eos_probes=1, n_sampling_prompts=1, n_samples=32, n_stop=2, n_long=1,
+                                  long_context_tokens=256, long_new_tokens=8, late_tokens=48),
+                speed=SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8, batch_size=2),
+                max_prompt_tokens=128)  # CPU prefill dominates a small gate
+
+
+_PRESETS = {"full": dict, "quick": _quick, "smoke": _smoke}

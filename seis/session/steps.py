@@ -59,16 +59,7 @@ def gate_config(config: RunConfig, spec: SessionSpec | None = None, **values):
     if spec is not None:
         values.update(parent_snapshot=spec.parent_snapshot, reference_snapshot=spec.vanilla_snapshot or None,
                       retain_dir=gated_dir(spec))
-    if config.gate == "smoke":  # the smallest sizes that still run every check (tests)
-        from ..evaluator import CheckSizes, SpeedConfig
-        values.update(checks=CheckSizes(n_dev=2, n_heldout_gsm8k=2, n_heldout_shapes=1, max_new_tokens=12,
-                                        tf_max_tokens=12, n_eos_probes=1, n_sampling_prompts=1, n_samples=32,
-                                        n_stop=2, n_long=1, long_context_tokens=256, long_new_tokens=8,
-                                        late_tokens=48),
-                      speed=SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8,
-                                        batch_size=2),
-                      max_prompt_tokens=128)  # CPU prefill dominates a small gate
-    return GateConfig(**values) if config.gate == "full" else GateConfig.quick(**values)
+    return GateConfig.preset(config.gate, **values)
 
 
 def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, parent_dir: Path):

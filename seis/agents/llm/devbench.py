@@ -206,15 +206,9 @@ class BenchService:
 
 
 def _gate_config(args: argparse.Namespace):
-    from ...evaluator import GateConfig, SpeedConfig
-    values = dict(candidate=Path(args.candidate), model=args.model, device=args.device, seed=args.seed,
-                  parent=Path(args.parent) if args.parent else None)
-    if args.sizes == "full":
-        return GateConfig(**values)
-    if args.sizes == "smoke":
-        values["speed"] = SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8,
-                                      batch_size=2)
-    return GateConfig.quick(**values)
+    from ...evaluator import GateConfig
+    return GateConfig.preset(args.sizes, candidate=Path(args.candidate), model=args.model, device=args.device,
+                             seed=args.seed, parent=Path(args.parent) if args.parent else None)
 
 
 def main(argv: list[str] | None = None) -> int:
