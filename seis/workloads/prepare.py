@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from seis.workloads.common import (
     DEFAULT_PREPARED_DIR,
+    PROJECT_ROOT,
     WorkloadDataError,
     jsonl_bytes,
     sha256_bytes,
     sha256_file,
 )
-from seis.workloads.gsm8k import read_gsm8k_file, resolve_gsm8k_dir, split_gsm8k
+from seis.workloads.gsm8k import GSM8K_ENV, SOURCE_FILES, read_gsm8k_file, resolve_gsm8k_dir, split_gsm8k
 from seis.workloads.params import WorkloadParams, load_params
 from seis.workloads.retrieval import build_retrieval_items
 from seis.workloads.shapes import DevWorkload, HeldOutShapes, build_heldout_shapes, dev_workloads
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+# What the `gsm8k-source` DVC stage records of the GSM8K source (kept in git): `prepare-workloads` depends on it, not
+# on the source's path, so the source may lie anywhere ($SEIS_GSM8K_DIR) and dvc.lock is the same in every clone.
+GSM8K_SOURCE_RECORD = PROJECT_ROOT / "data" / "gsm8k_source.json"
 
 
 class FileRecord(BaseModel):
@@ -63,9 +69,8 @@ def prepare_all(
     """Build every workload and write it under out_dir; params default to the project's params.yaml."""
     params = params or load_params()
     src = resolve_gsm8k_dir(gsm8k_dir)
-    test_rows = read_gsm8k_file(src / "test.jsonl")
-    train_rows = read_gsm8k_file(src / "train.jsonl")  # validated and hashed; not split
-    test, dev = split_gsm8k(test_rows, seed=params.seed, test_size=params.gsm8k.test_size,
+    rows = _read_sources(src)  # train.jsonl is validated and hashed, not split
+    test, dev = split_gsm8k(rows["test.jsonl"], seed=params.seed, test_size=params.gsm8k.test_size,
                             dev_size=params.gsm8k.dev_size, source=str(src / "test.jsonl"))
     retrieval = build_retrieval_items(params.retrieval, params.seed)
     heldout = build_heldout_shapes(params.heldout, params.seed)
@@ -87,17 +92,54 @@ def prepare_all(
     manifest = Manifest(
         seed=params.seed,
         params=params,
-        sources={
-            f"gsm8k/{name}": FileRecord(sha256=sha256_file(src / name), bytes=(src / name).stat().st_size,
-                                        count=len(rows))
-            for name, rows in (("test.jsonl", test_rows), ("train.jsonl", train_rows))
-        },
+        sources=_source_records(src, rows),
         outputs={name: FileRecord(sha256=sha256_bytes(data), bytes=len(data), count=n)
                  for name, (data, n) in files.items()},
         workload_digests={**{w.name: w.digest() for w in dev_wls}, "heldout_shapes": heldout.digest()},
     )
     (out / MANIFEST).write_bytes(manifest_bytes(manifest))
     return manifest
+
+
+def _read_sources(src: Path) -> dict[str, list[tuple[str, str]]]:
+    return {name: read_gsm8k_file(src / name) for name in SOURCE_FILES}
+
+
+def _source_records(src: Path, rows: dict[str, list[tuple[str, str]]]) -> dict[str, FileRecord]:
+    """Path-free records ("gsm8k/test.jsonl", ...), so the manifest is the same wherever the source lies."""
+    return {f"gsm8k/{name}": FileRecord(sha256=sha256_file(src / name), bytes=(src / name).stat().st_size,
+                                        count=len(items))
+            for name, items in rows.items()}
+
+
+def gsm8k_source_bytes(gsm8k_dir: str | Path | None = None) -> bytes:
+    """The GSM8K source's record as the `gsm8k-source` stage writes it: the manifest's `sources`, as JSON."""
+    src = resolve_gsm8k_dir(gsm8k_dir)
+    records = _source_records(src, _read_sources(src))
+    return _indented_json_bytes({name: record.model_dump(mode="json") for name, record in records.items()})
+
+
+def record_gsm8k_source(out: str | Path = GSM8K_SOURCE_RECORD) -> int:
+    """The `gsm8k-source` DVC stage (always run: DVC cannot see a source outside the repository); an exit status.
+
+    A clone without the source keeps the committed record when $SEIS_GSM8K_DIR is unset, so that after `dvc pull`
+    `dvc repro` finds data/prepared up to date instead of failing; a wrong $SEIS_GSM8K_DIR still fails."""
+    out = Path(out)
+    try:
+        data = gsm8k_source_bytes()
+    except WorkloadDataError as exc:
+        if os.environ.get(GSM8K_ENV) or not out.is_file():
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"note: {exc}; keeping the recorded source {out}", file=sys.stderr)
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    return 0
+
+
+def _indented_json_bytes(obj: object) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode("utf-8")
 
 
 def load_manifest(prepared_dir: str | Path | None = None) -> Manifest:
