@@ -131,7 +131,7 @@ def record_gsm8k_source(out: str | Path = GSM8K_SOURCE_RECORD) -> int:
         if os.environ.get(GSM8K_ENV) or not out.is_file():
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(f"note: {exc}; keeping the recorded source {out}", file=sys.stderr)
+        print(f"note: keeping the recorded GSM8K source {out}: {exc}", file=sys.stderr)
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(data)
