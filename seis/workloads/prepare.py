@@ -189,9 +189,18 @@ def ensure_prepared(prepared_dir: str | Path | None = None) -> Path:
     """The default workloads are prepared on first use and again when params.yaml changed (deterministic, from the
     GSM8K source), as `dvc repro prepare-workloads` would; an explicitly named directory must already exist."""
     root = Path(prepared_dir or DEFAULT_PREPARED_DIR)
-    if prepared_dir is None and (not (root / MANIFEST).is_file() or _stale(root)):
-        prepare_all(root)
+    if prepared_dir is None and _needs_preparing(root):
+        import filelock
+        root.parent.mkdir(parents=True, exist_ok=True)
+        # Two processes of one checkout (parallel test workers, two runs) must not write the same files at once.
+        with filelock.FileLock(root.parent / f".{root.name}.lock"):
+            if _needs_preparing(root):
+                prepare_all(root)
     return root
+
+
+def _needs_preparing(root: Path) -> bool:
+    return not (root / MANIFEST).is_file() or _stale(root)
 
 
 def _stale(root: Path) -> bool:
