@@ -10,14 +10,15 @@ With dispatch=workers each session is a `seis-session` flow run on a work pool i
 started by tasks/dispatch.py): this flow then keeps only the protocol state, fan-ins hand over snapshot ids, and
 engines move between hosts only through the snapshot store's DVC remote.
 
-Parameters: every RunConfig field is a parameter of its own (`--param chains=2`), on top of an optional whole
-`config` (a dict, or a RunConfig in-process); `resume=RUN_DIR` continues an interrupted run from its recorded
-config, redoing only the sessions it had not finished. The rules (who inherits what, what is finished, what is
-retained) live in seis.session; this module only dispatches them.
+Parameters: every RunConfig field is a parameter of its own (`--param chains=2`), with RunConfig's description and
+bounds (seis.session.params.run_param: a deployment's form shows them, the server refuses a value out of bounds),
+on top of an optional whole `config` (a dict, or a RunConfig in-process); `resume=RUN_DIR` continues an
+interrupted run from its recorded config, redoing only the sessions it had not finished. The rules (who inherits
+what, what is finished, what is retained) live in seis.session; this module only dispatches them.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from prefect import flow, tags, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -27,13 +28,13 @@ from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from flows.runtime import quiet_thread_timeout_notice
-from seis.config import RunConfig
+from seis.config import AgentKind, Protocol, RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.sandbox import interrupt_on_exit_signal
 from seis.session import ChainState, RunDir, initial_states, session_spec, upstream_is_vanilla
 from seis.session.dispatch import adopt_recorded, peer_refs, session_request
 from seis.session.display import rounded, run_label, run_tags, session_markdown, summary_artifact_markdown
-from seis.session.params import ParameterError, resolve_config
+from seis.session.params import ParameterError, described, resolve_config, run_param
 from seis.session.preflight import preflight_run
 from seis.session.progress import best_record, pick_best_of_run, run_failure
 from seis.session.protocol import gather_peers, pin_vanilla
@@ -42,6 +43,8 @@ from seis.session.resume import clear, finished, still_valid
 from seis.session.status import FINISHED_FAILED_NOTE
 from seis.store import SnapshotStore
 from tasks.artifacts import stable_key
+from tasks.attempts import begin_attempt
+from tasks.cancel import CancelWatch
 from tasks.cleanup import release_run
 from tasks.dispatch import remote_session_task
 from tasks.gpu import ensure_gpu_limit, registry
@@ -51,6 +54,9 @@ from tasks.session import session_task
 quiet_thread_timeout_notice()
 
 RESUME_HINT = "the flow parameter resume={out} (CLI: seis evolve --resume {out})"
+CONFIG_TEXT = "a whole run config (a mapping of the parameters below); each parameter given goes on top of it"
+RESUME_TEXT = ("a run directory to continue (absolute path): its recorded config.json wins over every other "
+               "parameter; only its unfinished sessions are redone")
 
 
 class RunFailed(RuntimeError):
@@ -72,44 +78,46 @@ def fan_in_task(config: RunConfig, states: dict[str, ChainState], session: int) 
 
 
 @flow(name="seis", log_prints=True, on_cancellation=[release_run], on_crashed=[release_run])
-def seis(config: Optional[RunConfig | dict] = None,
-         resume: Optional[str] = None,
-         protocol: Optional[Literal["branching", "chain", "sync-chain"]] = None,
-         chains: Optional[int] = None,
-         sessions: Optional[int] = None,
-         sync_every: Optional[int] = None,
-         model: Optional[str] = None,
-         agent: Optional[Literal["offline", "anthropic", "openai", "cli"]] = None,
-         gate: Optional[Literal["smoke", "quick", "full"]] = None,
-         device: Optional[Literal["auto", "cpu", "cuda"]] = None,
-         seed: Optional[int] = None,
-         objective: Optional[Literal["single", "throughput", "both", "none"]] = None,
-         post_validate: Optional[Literal["off", "quick", "full"]] = None,
-         out: Optional[str] = None,
-         store: Optional[str] = None,
-         base_engine: Optional[str] = None,
-         agent_library: Optional[str] = None,
-         max_transformations: Optional[int] = None,
-         agent_model: Optional[str] = None,
-         agent_base_url: Optional[str] = None,
-         agent_command: Optional[str] = None,
-         max_turns: Optional[int] = None,
-         max_tokens: Optional[int] = None,
-         max_cost_usd: Optional[float] = None,
-         prompt_template: Optional[str] = None,
-         agent_prices: Optional[dict[str, list[float]]] = None,
-         agent_max_retries: Optional[int] = None,
-         agent_wall_s: Optional[float] = None,
-         agent_network: Optional[Literal["none", "api", "host"]] = None,
-         agent_api_endpoints: Optional[list[str]] = None,
-         agent_pass_env: Optional[list[str]] = None,
-         dispatch: Optional[Literal["local", "workers"]] = None,
-         session_deployment: Optional[str] = None,
+def seis(config: Annotated[Optional[RunConfig | dict], described(CONFIG_TEXT)] = None,
+         resume: Annotated[Optional[str], described(RESUME_TEXT)] = None,
+         protocol: Annotated[Optional[Protocol], run_param("protocol")] = None,
+         chains: Annotated[Optional[int], run_param("chains")] = None,
+         sessions: Annotated[Optional[int], run_param("sessions")] = None,
+         sync_every: Annotated[Optional[int], run_param("sync_every")] = None,
+         model: Annotated[Optional[str], run_param("model")] = None,
+         agent: Annotated[Optional[AgentKind], run_param("agent")] = None,
+         gate: Annotated[Optional[Literal["smoke", "quick", "full"]], run_param("gate")] = None,
+         device: Annotated[Optional[Literal["auto", "cpu", "cuda"]], run_param("device")] = None,
+         seed: Annotated[Optional[int], run_param("seed")] = None,
+         objective: Annotated[Optional[Literal["single", "throughput", "both", "none"]],
+                              run_param("objective")] = None,
+         post_validate: Annotated[Optional[Literal["off", "quick", "full"]], run_param("post_validate")] = None,
+         out: Annotated[Optional[str], run_param("out")] = None,
+         store: Annotated[Optional[str], run_param("store")] = None,
+         base_engine: Annotated[Optional[str], run_param("base_engine")] = None,
+         agent_library: Annotated[Optional[str], run_param("agent_library")] = None,
+         max_transformations: Annotated[Optional[int], run_param("max_transformations")] = None,
+         agent_model: Annotated[Optional[str], run_param("agent_model")] = None,
+         agent_base_url: Annotated[Optional[str], run_param("agent_base_url")] = None,
+         agent_command: Annotated[Optional[str], run_param("agent_command")] = None,
+         max_turns: Annotated[Optional[int], run_param("max_turns")] = None,
+         max_tokens: Annotated[Optional[int], run_param("max_tokens")] = None,
+         max_cost_usd: Annotated[Optional[float], run_param("max_cost_usd")] = None,
+         prompt_template: Annotated[Optional[str], run_param("prompt_template")] = None,
+         agent_prices: Annotated[Optional[dict[str, list[float]]], run_param("agent_prices")] = None,
+         agent_max_retries: Annotated[Optional[int], run_param("agent_max_retries")] = None,
+         agent_wall_s: Annotated[Optional[float], run_param("agent_wall_s")] = None,
+         agent_network: Annotated[Optional[Literal["none", "api", "host"]], run_param("agent_network")] = None,
+         agent_api_endpoints: Annotated[Optional[list[str]], run_param("agent_api_endpoints")] = None,
+         agent_pass_env: Annotated[Optional[list[str]], run_param("agent_pass_env")] = None,
+         dispatch: Annotated[Optional[Literal["local", "workers"]], run_param("dispatch")] = None,
+         session_deployment: Annotated[Optional[str], run_param("session_deployment")] = None,
          ):
     """Run one SEIS evolution; returns the run directory (summary.parquet, summary.md, per-session files).
 
-    Every parameter left unset takes `config`'s value, else RunConfig's default. `resume`: a run directory to
-    continue (its config.json wins over the other parameters; differing ones are logged as ignored).
+    Every parameter left unset takes `config`'s value, else RunConfig's default (each parameter's description says
+    which). `resume`: a run directory to continue (its config.json wins over the other parameters; differing ones
+    are logged as ignored).
 
     Task runs are named `c0/s1 <step>` and tagged `chain:c0`, `session:1`. Values go to tasks `quote()`d and the
     graph's edges are given explicitly (`wait_for`): a session waits for its chain's previous session (or the
@@ -141,7 +149,10 @@ def seis(config: Optional[RunConfig | dict] = None,
         return Failed(message=f"{run.root} is in use by another flow (pid {status.pid if status else '?'}); "
                               f"wait for it or cancel it first")
     try:
-        return _run(run_config, run, resumed=resolved.resume, flow_run_id=str(flow_run.id))
+        begin_attempt(run, str(flow_run.id), resolved.resume)  # a resume ends the attempt it continues, links it
+        with CancelWatch(flow_run.id) as cancel:   # a cancellation stops the gates and sessions within seconds
+            result = _run(run_config, run, resumed=resolved.resume, flow_run_id=str(flow_run.id))
+        return cancel.end_run(run) if cancel.requested else result
     finally:
         lock.__exit__(None, None, None)
 

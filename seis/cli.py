@@ -181,7 +181,8 @@ def evolve(
     chains: Optional[int] = typer.Option(None, help="Number of chains (branching: parallel sessions per round; "
                                                     "default 2)."),
     sessions: Optional[int] = typer.Option(None, help="Sessions per chain (default 4)."),
-    sync_every: Optional[int] = typer.Option(None, help="sync-chain: fan-in before every N-th session (default 2)."),
+    sync_every: Optional[int] = typer.Option(None, help="sync-chain: fan-in before every N-th session (default: "
+                                                        "half the sessions, at least 1)."),
     model: Optional[str] = typer.Option(None, help="Model name (seis models list) or a local HF dir (default "
                                                    "tiny-qwen3)."),
     agent: Optional[str] = typer.Option(None, help="offline (default; no key or network needed), anthropic, openai, "

@@ -20,26 +20,33 @@ AgentKind = Literal["offline", "anthropic", "openai", "cli"]
 class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    protocol: Protocol = "sync-chain"
-    agent: AgentKind = "offline"
+    protocol: Protocol = Field(
+        "sync-chain", description="branching (every session from E0), chain (each session inherits its chain's last "
+                                  "retained engine) or sync-chain (chain, plus a fan-in every sync_every sessions)")
+    agent: AgentKind = Field("offline", description="offline (the transformation library; no key or network), "
+                                                    "anthropic, openai or cli (a headless coding agent)")
     chains: int = Field(2, ge=1, le=16, description="independent lineages (branching: parallel sessions per round)")
     sessions: int = Field(4, ge=1, le=100, description="sessions per chain")
-    sync_every: int = Field(2, ge=1, description="sync-chain: a fan-in before every N-th session")
+    sync_every: int = Field(None, ge=1, le=100, description="sync-chain: a fan-in before every N-th session "
+                                                            "(default: half the sessions, at least 1)")
     model: str = Field("tiny-qwen3", description="model name (seis models list) or a local HF directory")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where engines run: auto (cuda when a GPU is usable), cpu or cuda")
     gate: Literal["smoke", "quick", "full"] = Field(
-        "quick", description="gate sizes: smoke (tests), quick (CPU-friendly) or full (default on CUDA)")
-    seed: int = 0
+        None, description="gate sizes: smoke (tests), quick (CPU-friendly) or full (default: full on CUDA, else "
+                          "quick)")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the engines and the gate's sampled checks")
     objective: Literal["single", "throughput", "both", "none"] = Field(
         None, description="retain rule's speed half: not slower than the parent beyond noise on the one-at-a-time "
                           "dev workloads (single), the batched one (throughput), all (both; default on CUDA) or "
                           "none (the checks alone; default elsewhere, where timings say nothing of a GPU engine)")
     post_validate: Literal["off", "quick", "full"] = Field(
         "off", description="after the run: post-validate the best retained engine against vanilla")
-    max_transformations: int = Field(1, ge=0, description="offline agent: new changes per session")
+    max_transformations: int = Field(1, ge=0, le=100, description="offline agent: new changes per session")
     max_tokens: int | None = Field(None, ge=1, description="LLM agents: token budget per session")
     max_cost_usd: float | None = Field(None, gt=0, description="LLM agents: cost budget per session")
-    out: Path = Field(default_factory=lambda: Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    out: Path = Field(default_factory=lambda: Path("runs") / time.strftime("%Y%m%d-%H%M%S"),
+                      description="run directory, new or empty (default: runs/<time>)")
     base_engine: Path | None = Field(None, description="the vanilla engine (default: engine_template/)")
     agent_library: Path | None = Field(None, description="offline agent: a transformation library directory")
     # LLM agents (anthropic | openai | cli). Keys come from the SDKs' env vars (ANTHROPIC_API_KEY, OPENAI_API_KEY)
@@ -51,7 +58,7 @@ class RunConfig(BaseModel):
     agent_command: str | None = Field(default_factory=lambda: os.environ.get("SEIS_AGENT_COMMAND") or None,
                                       description="cli agent: bash command line run in the workspace, prompt on "
                                                   "stdin (env SEIS_AGENT_COMMAND)")
-    max_turns: int = Field(50, ge=1, description="LLM agents: API calls per session")
+    max_turns: int = Field(50, ge=1, le=10_000, description="LLM agents: API calls per session")
     prompt_template: str = Field("session_v1", min_length=1,
                                  description="LLM agents: a bundled prompt template name or a file path")
     agent_prices: dict[str, tuple[float, ...]] = Field(
@@ -90,6 +97,19 @@ class RunConfig(BaseModel):
                 values = {**values, "objective": "both" if cuda else "none"}
         return values
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sync_every_for_sessions(cls, values):
+        """Unless chosen, sync_every follows sessions, so that overriding sessions alone never makes it too large."""
+        if isinstance(values, dict) and values.get("sync_every") is None:
+            values = {k: v for k, v in values.items() if k != "sync_every"}
+            try:   # sessions as given ("6" too); one that is not a count is reported alone
+                sessions = int(values.get("sessions", cls.model_fields["sessions"].default))
+            except (TypeError, ValueError):
+                return values
+            values["sync_every"] = default_sync_every(sessions)
+        return values
+
     @field_validator("out", "store")
     @classmethod
     def _absolute(cls, out: Path) -> Path:  # noqa: D401 - also used for the store path
@@ -99,7 +119,7 @@ class RunConfig(BaseModel):
     def _consistent(self) -> "RunConfig":
         if self.protocol == "sync-chain" and self.sync_every > self.sessions:
             raise ValueError(f"sync_every ({self.sync_every}) must not exceed sessions ({self.sessions}): "
-                             "no sync would ever happen")
+                             "no sync would ever happen; leave sync_every unset for half the sessions")
         if self.protocol == "sync-chain" and self.chains < 2:
             raise ValueError("sync-chain needs at least 2 chains to sync between")
         if self.agent == "cli" and not (self.agent_command or "").strip():
@@ -179,3 +199,8 @@ class RunConfig(BaseModel):
     def is_sync_point(self, session: int) -> bool:
         """Sync-chain: a fan-in happens before sessions N, 2N, ... (0-based session index)."""
         return self.protocol == "sync-chain" and session > 0 and session % self.sync_every == 0
+
+
+def default_sync_every(sessions: int) -> int:
+    """Half the sessions, at least 1: one fan-in halfway through (Sync-3 for 6 sessions, every session for 2)."""
+    return max(1, sessions // 2)

@@ -1,5 +1,6 @@
 """prefect.yaml: every deployment loads, fits its machine, runs one at a time, is scheduled apart from the others
-and carries parameters that the flow itself accepts (no server needed)."""
+(paused until a user resumes it) and carries parameters that the flow itself accepts; the flow's parameter schema
+describes and bounds every parameter as RunConfig does (no server needed)."""
 from __future__ import annotations
 
 import asyncio
@@ -106,7 +107,7 @@ def test_parameters_validate_against_the_flow_signature(flows):
         flow.validate_parameters(params)
         config = RunConfig(**params)  # the same cross-field checks as `seis evolve`
         assert config.protocol == (name if name != "cpu-smoke" else "sync-chain")
-    assert _deployments()["sync-chain"]["parameters"]["sync_every"] == 3
+    assert RunConfig(**_deployments()["sync-chain"]["parameters"]).sync_every == 3   # Sync-3
 
 
 def _refused(flow, params: dict) -> bool:
@@ -132,3 +133,77 @@ def test_a_bad_override_is_refused(flows):
     assert not _refused(flow, {**d["parameters"], "chains": 3})
     for bad in ({"chains": "many"}, {"gate": "enormous"}, {"sync_every": 5}, {"nope": 1}):
         assert _refused(flow, {**d["parameters"], **bad}), bad
+
+
+def test_sessions_alone_can_be_overridden(flows):
+    """sync_every follows sessions unless given: `--param sessions=1` (or 2) alone is a valid run everywhere."""
+    for name, d in _deployments().items():
+        for sessions in (1, 2, 3, 100):
+            assert not _refused(flows[d["entrypoint"]], {**d["parameters"], "sessions": sessions}), (name, sessions)
+
+
+def test_an_inconsistent_sync_every_is_refused_in_one_line():
+    from seis.session.params import ParameterError, resolve_config
+    with pytest.raises(ParameterError) as refused:
+        resolve_config(None, {**_deployments()["sync-chain"]["parameters"], "sessions": 2, "sync_every": 3})
+    assert "\n" not in str(refused.value) and "leave sync_every unset" in str(refused.value)
+
+
+def test_schedules_start_paused():
+    """What `prefect deploy` makes of each schedule: inactive, so nothing runs before a user resumes it."""
+    from prefect.cli.deploy._schedules import _schedule_config_to_deployment_schedule
+    for name, d in _deployments().items():
+        for schedule in d["schedules"]:
+            assert _schedule_config_to_deployment_schedule(schedule).get("active") is False, name
+
+
+def _parameter_schema(flow) -> dict:
+    """The parameter schema `prefect deploy` stores with a deployment (what the run form and the server use)."""
+    from prefect.utilities.callables import parameter_schema
+    return parameter_schema(flow).model_dump_for_openapi()
+
+
+def _value_schema(prop: dict) -> dict:
+    """A parameter's schema without its `null` alternative (unset: RunConfig's default)."""
+    branches = [b for b in prop.get("anyOf", [prop]) if b.get("type") != "null"]
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def test_every_parameter_is_described_and_bounded(flows):
+    for entrypoint, flow in flows.items():
+        properties = _parameter_schema(flow)["properties"]
+        for name, prop in properties.items():
+            assert prop.get("description"), f"{entrypoint}: parameter {name} has no description"
+            value = _value_schema(prop)
+            if value.get("type") in ("integer", "number"):
+                assert "minimum" in value or "exclusiveMinimum" in value, f"{name} has no lower bound"
+        for name in ("chains", "sessions", "sync_every", "seed"):
+            assert {"minimum", "maximum"} <= set(_value_schema(properties[name])), name
+
+
+def test_flow_parameters_are_run_config_fields(flows):
+    """RunConfig is the one definition: each flow parameter shows its field's type, choices, bounds and
+    description."""
+    from seis.config import RunConfig
+    fields = RunConfig.model_json_schema()["properties"]
+    for flow in flows.values():
+        properties = _parameter_schema(flow)["properties"]
+        for name, field in RunConfig.model_fields.items():
+            ours, theirs = _value_schema(properties[name]), _value_schema(fields[name])
+            for key in ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "minLength", "pattern"):
+                assert ours.get(key) == theirs.get(key), (name, key)
+            assert properties[name]["description"].startswith(field.description), name
+
+
+def test_the_server_refuses_values_out_of_bounds(flows):
+    """`prefect deployment run --param ...` is checked against the stored schema when the run is created."""
+    from prefect.utilities.schema_tools import ValidationError, validate
+    for name, d in _deployments().items():
+        assert d.get("enforce_parameter_schema") is True, name
+        schema = _parameter_schema(flows[d["entrypoint"]])
+        validate({**d["parameters"], "sessions": 1}, schema, raise_on_error=True)
+        for bad in ({"chains": 0}, {"chains": 17}, {"sessions": 0}, {"sessions": 101}, {"sync_every": 0},
+                    {"seed": -1}, {"max_turns": 0}, {"max_cost_usd": 0}, {"session_deployment": "cuda"}):
+            with pytest.raises(ValidationError):
+                validate({**d["parameters"], **bad}, schema, raise_on_error=True)
+

@@ -1,12 +1,15 @@
 """A run's configuration from flow parameters: a whole `config` (dict or RunConfig), fields given one at a time on
 top of it, or a run directory to resume (its recorded config.json, which then wins). Validation is RunConfig's,
-and its messages name the parameter to fix."""
+and its messages name the parameter to fix; `run_param` carries RunConfig's description and bounds onto the flow
+parameter of the same name, so a deployment's form shows them and the server refuses a value out of bounds."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from ..config import RunConfig
 from .rundir import RunDir
@@ -14,6 +17,27 @@ from .rundir import RunDir
 
 class ParameterError(ValueError):
     pass
+
+
+_BOUNDS = ("gt", "ge", "lt", "le", "min_length", "max_length", "pattern")
+
+
+def described(text: str, **bounds: object) -> FieldInfo:
+    """Annotated metadata of a flow parameter: its description and bounds. The description goes through
+    json_schema_extra, which pydantic merges, because Prefect's own Field for each parameter sets one (from the
+    docstring) that would replace a plain `description`."""
+    return Field(description=text, json_schema_extra={"description": text}, **bounds)
+
+
+def run_param(name: str) -> FieldInfo:
+    """The flow parameter `name` as RunConfig defines it: its description (with the default, where it is a plain
+    value) and its bounds, written once in RunConfig."""
+    field = RunConfig.model_fields[name]
+    bounds = {key: getattr(m, key) for m in field.metadata for key in _BOUNDS if getattr(m, key, None) is not None}
+    text = field.description or name
+    if field.default not in (None, PydanticUndefined):
+        text += f" (default {field.default})"
+    return described(text, **bounds)
 
 
 @dataclass(frozen=True)
@@ -67,5 +91,10 @@ def _differs(recorded: RunConfig, name: str, value: object) -> bool:
 
 
 def _messages(e: ValidationError, flag) -> str:
-    return "; ".join(f"{flag('.'.join(str(p) for p in err['loc'])) if err['loc'] else 'config'}: {err['msg']}"
-                     for err in e.errors())
+    """One line: each error after the parameter it names; a cross-field one (no parameter) by its message alone."""
+    return "; ".join(_message(err, flag) for err in e.errors())
+
+
+def _message(err: dict, flag) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{flag('.'.join(str(p) for p in err['loc']))}: {msg}" if err["loc"] else msg
