@@ -1,12 +1,20 @@
 """prefect.yaml: every deployment loads, fits its machine, runs one at a time, is scheduled apart from the others
 (paused until a user resumes it) and carries parameters that the flow itself accepts; the flow's parameter schema
-describes and bounds every parameter as RunConfig does (no server needed)."""
+describes and bounds every parameter as RunConfig does. docker/: the CUDA image pins the measured versions, the
+entrypoint starts whole-run and per-GPU session workers, compose runs them. No server or docker needed."""
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import http.server
 import inspect
 import itertools
+import os
+import re
+import shlex
+import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -207,3 +215,125 @@ def test_the_server_refuses_values_out_of_bounds(flows):
             with pytest.raises(ValidationError):
                 validate({**d["parameters"], **bad}, schema, raise_on_error=True)
 
+
+# docker/: checked as text (no docker here); the entrypoint runs with a stand-in `prefect`.
+
+DOCKER = REPO_ROOT / "docker"
+MEASURED = {"torch": "2.11.0", "triton": "3.6.0", "flashinfer-python": "0.6.1", "apache-tvm-ffi": "0.1.15.post2"}
+
+
+def _run_lines(dockerfile: Path) -> tuple[dict[str, str], list[str]]:
+    """ARG defaults and RUN commands (continuations joined) of a Dockerfile."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text(encoding="utf-8"))
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.M))
+    return args, re.findall(r"^RUN (.+)$", text, flags=re.M)
+
+
+def _pip_installs(dockerfile: Path) -> list[tuple[str, list[str]]]:
+    """(index URL or "", requirements) of every `pip install` of a Dockerfile, ARGs filled in."""
+    args, runs = _run_lines(dockerfile)
+    installs = []
+    for run in runs:
+        for command in re.split(r"&&|;", run):
+            words = [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], w) for w in shlex.split(command)]
+            if words[:2] != ["pip", "install"] or "--upgrade" in words:   # pip upgrading itself, not a package
+                continue
+            index, requirements, skip = "", [], False
+            for word, following in zip(words[2:], words[3:] + [""]):
+                if skip:
+                    skip = False
+                elif word in ("--index-url", "-c", "--constraint"):
+                    index, skip = (following if word == "--index-url" else index), True
+                elif not word.startswith("-"):
+                    requirements.append(word)
+            installs.append((index, requirements))
+    return installs
+
+
+def test_cuda_image_pins_the_measured_versions():
+    installs = _pip_installs(DOCKER / "Dockerfile.cuda")
+    pinned = {}
+    for index, requirements in installs:
+        for requirement in requirements:
+            name, sep, version = requirement.partition("==")
+            assert sep and version, f"Dockerfile.cuda installs {requirement} unpinned"
+            pinned[name.lower()] = (version, index)
+    assert {name: version for name, (version, _) in pinned.items()} == MEASURED
+    assert pinned["torch"][1] == pinned["triton"][1] == "https://download.pytorch.org/whl/cu130"
+    import tomllib
+    gpu_extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    assert f"flashinfer-python=={MEASURED['flashinfer-python']}" in gpu_extra   # the same FlashInfer on bare hosts
+    assert "PIP_CONSTRAINT=" in " ".join(_run_lines(DOCKER / "Dockerfile.cuda")[1])   # setup.sh keeps torch
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the http.server name
+        self.send_response(200 if self.path == "/api/health" else 404)
+        self.end_headers()
+        self.wfile.write(b"true")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_server() -> Iterator[str]:
+    """A stand-in Prefect API that answers only the health check."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/api"
+    server.shutdown()
+    server.server_close()
+
+
+def _entrypoint(tmp_path: Path, api: str, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run docker/entrypoint.sh with a `prefect` that records its calls (argv, device, worker name, cwd)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "prefect").write_text('#!/bin/sh\necho "$* | ${CUDA_VISIBLE_DEVICES-} | ${SEIS_WORKER_NAME-} | $PWD" '
+                                     f'>> {calls}\n')
+    (bin_dir / "prefect").chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SEIS_", "CUDA_VISIBLE"))}
+    proc = subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), *args], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path,
+                          env={**base, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PREFECT_API_URL": api, **env})
+    return proc, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_entrypoint_starts_a_session_worker_per_gpu(tmp_path, fake_server):
+    """`session-worker` does what scripts/one-host-workers.sh does for one GPU: the pool, the session deployment,
+    a worker on the `sessions` queue with one slot, named, owning CUDA_VISIBLE_DEVICES."""
+    proc, calls = _entrypoint(tmp_path, fake_server, "session-worker", SEIS_WORK_POOL="seis-cuda",
+                              CUDA_VISIBLE_DEVICES="1", SEIS_WORKER_NAME="gpu1")
+    assert proc.returncode == 0, proc.stderr
+    deploy, worker = calls[-2].split(" | "), calls[-1].split(" | ")
+    assert deploy[0] == "deploy --prefect-file flows/session-deployments.yaml --name cuda"
+    assert deploy[3] == str(REPO_ROOT)      # deployed from the checkout: its sessions run there
+    assert worker[:3] == ["worker start --pool seis-cuda --type process --work-queue sessions --limit 1 --name gpu1",
+                          "1", "gpu1"]
+    sessions = yaml.safe_load((REPO_ROOT / "flows/session-deployments.yaml").read_text())["deployments"]
+    for d in sessions:     # the deployment the entrypoint names after the pool is on that pool's sessions queue
+        assert d["work_pool"] == {"name": f"seis-{d['name']}", "work_queue_name": "sessions"}
+    (tmp_path / "no-device").mkdir()
+    proc, calls = _entrypoint(tmp_path / "no-device", fake_server, "session-worker", SEIS_WORK_POOL="seis-cuda")
+    assert proc.returncode != 0 and "CUDA_VISIBLE_DEVICES" in proc.stderr and not calls   # refused, nothing started
+
+
+def test_entrypoint_worker_serves_only_whole_runs(tmp_path, fake_server):
+    proc, calls = _entrypoint(tmp_path, fake_server, "worker", SEIS_WORK_POOL="seis-cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0].split(" | ")[0] == "worker start --pool seis-cpu --type process --work-queue default"
+
+
+def test_compose_runs_one_session_worker_per_gpu():
+    services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    sessions = {name: s for name, s in services.items() if s.get("command") == ["session-worker"]}
+    assert len(sessions) >= 2
+    devices = [s["environment"]["CUDA_VISIBLE_DEVICES"] for s in sessions.values()]
+    names = [s["environment"]["SEIS_WORKER_NAME"] for s in sessions.values()]
+    assert len(set(devices)) == len(devices) and len(set(names)) == len(names)
+    for name, s in sessions.items():
+        assert s["image"] == "seis:cuda" and s["environment"]["SEIS_WORK_POOL"] == "seis-cuda", name
+        assert s["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"], name
+        assert {"runs:/seis/runs", "store:/seis/store"} <= set(s["volumes"]), name   # the run's files, one store
+        assert "SYS_ADMIN" in s["cap_add"] and s["depends_on"]["server"]["condition"] == "service_healthy", name
