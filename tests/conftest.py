@@ -45,10 +45,13 @@ def engine_pid() -> Iterator[int]:
         proc.wait()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def harness():
-    """A Prefect test server for one test module. Start-up may take long on a busy 2-core machine: it is given
-    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (180 s unless set) instead of Prefect's default."""
+    """One Prefect test server for the whole test run (started by the first test that asks for it): every flow
+    run of the suite talks to the same URL, so no client is left pointing at a server an earlier module stopped.
+    Start-up may take long on a busy 2-core machine: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (180 s
+    unless set) instead of Prefect's default."""
+    import flows  # noqa: F401  (SEIS's Prefect settings, before the server starts)
     from prefect.testing.utilities import prefect_test_harness
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     with prefect_test_harness(server_startup_timeout=None):

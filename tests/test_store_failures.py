@@ -127,7 +127,7 @@ def test_a_failed_push_undoes_the_add_and_a_later_put_pushes(tmp_path):
     assert store.info(sid).dvc and any((tmp_path / "remote").rglob("*")) and _ignored_entries(store) == [f"/{sid}"]
 
 
-def test_a_refused_session_is_recorded_and_the_next_session_runs(tmp_path, monkeypatch):
+def test_a_refused_session_is_recorded_and_the_next_session_runs(harness, tmp_path, monkeypatch):
     """Through tasks/session.py's session task, in a Prefect flow of two sessions with a fake agent and gate: the
     first candidate holds a .dvcignore, so it is not retained (outcome.json and report.md say why) and the second
     session starts from the vanilla engine and is retained."""
@@ -135,7 +135,6 @@ def test_a_refused_session_is_recorded_and_the_next_session_runs(tmp_path, monke
     from dataclasses import replace
 
     from prefect import flow
-    from prefect.testing.utilities import prefect_test_harness
 
     import seis.evaluator
     import tasks.session as ts
@@ -178,9 +177,7 @@ def test_a_refused_session_is_recorded_and_the_next_session_runs(tmp_path, monke
                          session_dir=tmp_path / "run" / "chains" / "c0" / "001")
         return s0, ts.session_task(config, second, store.root)
 
-    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # a busy 2-core machine
-    with prefect_test_harness(server_startup_timeout=None):  # its own server, drained within this test
-        s0, s1 = two_sessions()
+    s0, s1 = two_sessions()
     assert s0.outcome.verdict == "pass" and not s0.outcome.retained and s0.outcome.snapshot == vanilla
     assert ".dvcignore" in s0.outcome.reasons[-1]
     recorded = json.loads((first.session_dir / "outcome.json").read_text())
