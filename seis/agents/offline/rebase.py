@@ -4,20 +4,23 @@ are 3-way merged onto today's engine_template/ and written back as a patch again
     python -m seis.agents.offline.rebase --from REV [--names a,b]
     python -m seis.agents.offline.rebase --from-dir OLD_E0_DIR [--names a,b]
 
-A transformation whose merge conflicts is left as it is and named on stderr (it must be redone by hand), and so is
-one with prerequisites: its patch is against E0 with them applied, so it is carried by hand once they are.
+A transformation with prerequisites is a patch against E0 with them applied: it is carried after them, from old E0
+with their old patches onto today's E0 with their carried ones. A transformation whose merge conflicts (or whose
+prerequisite could not be carried) is left as it is and named on stderr: it must be redone by hand.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from ...engine_import import ENGINE_TEMPLATE
-from .library import Transformation, load_library
-from .merge import _git, _patched, merge_file
+from .library import LIBRARY_DIR, Transformation, load_library
+from .merge import PatchError, _git, _patched, merge_file, patch_base, prerequisite_chain, with_prerequisites
 
 REPO = ENGINE_TEMPLATE.parent
 
@@ -51,16 +54,27 @@ def unified_diff(base_dir: Path, files: dict[str, bytes]) -> str:
     return "".join(out)
 
 
-def rebase(t: Transformation, rev: str | None = None, old_dir: Path | None = None) -> str | None:
-    """The patch carried onto today's E0 from E0 at git revision `rev` (or in `old_dir`); None on a conflict."""
-    if t.prerequisites:
-        raise ValueError(f"{t.name} is a patch against E0 with {', '.join(t.prerequisites)}: carry it by hand")
+def rebase(t: Transformation, rev: str | None = None, old_dir: Path | None = None,
+           carried_library: Path | None = None) -> str | None:
+    """The patch carried onto today's E0 from E0 at git revision `rev` (or in `old_dir`); None on a conflict.
+
+    t with prerequisites: its old base is old E0 with the prerequisites of t's own library applied, its new base
+    today's E0 with those of `carried_library` (a library folder in which they are already carried)."""
+    chain = prerequisite_chain(t)
+    if chain and carried_library is None:
+        raise ValueError(f"{t.name} is a patch against E0 with {', '.join(t.prerequisites)}: name the library "
+                         "they were carried in")
+    files = tuple(sorted({rel for x in chain + [t] for rel in x.target_files}))
     with tempfile.TemporaryDirectory(prefix="seis-rebase-old-") as tmp:
-        old = Path(old_dir) if old_dir is not None else _old_tree(rev, t.target_files, Path(tmp))
-        patched = _patched(str(old), t.name, t.patch, t.target_files)
+        old = Path(old_dir) if old_dir is not None else _old_tree(rev, files, Path(tmp))
+        patched = _patched(patch_base(str(old), t), t.name, t.patch, t.target_files)
+        new_base = ENGINE_TEMPLATE
+        if chain:
+            new_base = Path(patch_base(str(ENGINE_TEMPLATE),
+                                       dataclasses.replace(t, path=Path(carried_library) / t.name)))
         new_files: dict[str, bytes] = {}
         for rel, (base, theirs) in patched.items():
-            current = ENGINE_TEMPLATE / rel
+            current = new_base / rel
             if base is None or not current.is_file():
                 new_files[rel] = theirs
                 continue
@@ -68,7 +82,7 @@ def rebase(t: Transformation, rev: str | None = None, old_dir: Path | None = Non
             if conflicts:
                 return None
             new_files[rel] = merged
-    return unified_diff(ENGINE_TEMPLATE, new_files)
+        return unified_diff(new_base, new_files)
 
 
 def main() -> None:
@@ -79,24 +93,33 @@ def main() -> None:
     ap.add_argument("--names", default="")
     args = ap.parse_args()
     names = {n for n in args.names.split(",") if n}
-    failed, by_hand = [], []
-    for t in load_library():
-        if names and t.name not in names:
-            continue
-        if t.prerequisites:
-            by_hand.append(t.name)
-            continue
-        patch = rebase(t, args.rev, args.from_dir)
-        if patch is None:
-            failed.append(t.name)
-        elif patch != t.patch:
-            (t.path / "patch.diff").write_text(patch, encoding="utf-8")
-            print(f"rebased {t.name}")
-    if by_hand:
-        print("built on prerequisites, to carry by hand (left unchanged): " + ", ".join(by_hand), file=sys.stderr)
+    library = load_library()
+    order = [x for t in library for x in with_prerequisites(t)]  # each after its prerequisites
+    order = [t for i, t in enumerate(order) if t not in order[:i]]
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="seis-rebase-library-") as tmp:
+        # Carried patches go here first: dependents are merged onto them while the library still holds the old
+        # ones, their old base.
+        carried = Path(tmp) / "library"
+        shutil.copytree(LIBRARY_DIR, carried)
+        for t in order:
+            if names and t.name not in names:
+                continue
+            try:
+                patch = rebase(t, args.rev, args.from_dir, carried)
+            except PatchError:  # a prerequisite that is not carried onto today's E0
+                patch = None
+            if patch is None:
+                failed.append(t.name)
+            else:
+                (carried / t.name / "patch.diff").write_text(patch, encoding="utf-8")
+        for t in order:
+            patch = (carried / t.name / "patch.diff").read_text(encoding="utf-8")
+            if patch != t.patch:
+                (t.path / "patch.diff").write_text(patch, encoding="utf-8")
+                print(f"rebased {t.name}")
     if failed:
-        print("conflicts (left unchanged): " + ", ".join(failed), file=sys.stderr)
-    if failed or by_hand:
+        print("conflicts (left unchanged, to redo by hand): " + ", ".join(failed), file=sys.stderr)
         sys.exit(1)
 
 
