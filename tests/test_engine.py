@@ -209,13 +209,45 @@ def test_bfloat16_on_cpu_follows_float32(E):
 
 
 def test_attention_backend_choice_and_its_errors(E):
-    from engine.attention import select_attention
-    cpu = torch.device("cpu")
-    args = (16, 8, 128, 4, 16, 64)
-    assert select_attention("auto", cpu, torch.float32, *args).name == "torch"
-    assert select_attention("auto", cpu, torch.bfloat16, *args).name == "torch"
+    from engine.attention_backend import AttentionConfig
+    from engine.attention_registry import ATTENTION_BACKENDS, select_backend
+
+    def config(dtype):
+        return AttentionConfig(num_heads=16, num_kv_heads=8, head_dim=128, dtype=dtype, device=torch.device("cpu"),
+                               max_batch_size=4, page_size=16, max_pages_per_request=64)
+
+    assert list(ATTENTION_BACKENDS) == ["torch", "triton", "flashinfer"]
+    assert select_backend("auto", config(torch.float32)).name == "torch"
+    assert select_backend("auto", config(torch.bfloat16)).name == "torch"
+    assert select_backend("torch", config(torch.bfloat16)).name == "torch"
     for name in ("flashinfer", "triton"):
         with pytest.raises(ValueError, match=f"the {name} attention backend needs a CUDA device"):
-            select_attention(name, cpu, torch.bfloat16, *args)
-    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
-        select_attention("flash", cpu, torch.bfloat16, *args)
+            select_backend(name, config(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"'flash' \(choose auto, torch, triton or flashinfer\)"):
+        select_backend("flash", config(torch.bfloat16))
+
+
+def test_forward_batch_is_built_by_keyword(E):
+    from engine.batch import ForwardBatch
+    t = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(TypeError):
+        ForwardBatch(True, t, t, t, t, t[None], t)
+    batch = ForwardBatch(is_decode=True, input_ids=t, positions=t, out_slots=t, seq_lens=t.int(), page_table=t[None],
+                         logit_rows=t)
+    assert batch.batch_size == 1 and batch.extend_lens == () and not batch.cuda_graph
+
+
+def test_attention_modules_import_no_circle():
+    """The interface, the backends and the registry import one another in one direction only (function-level
+    imports included), so any of them can be read and loaded on its own."""
+    import ast
+
+    from seis.engine_import import ENGINE_TEMPLATE
+    engine_dir = ENGINE_TEMPLATE / "engine"
+    names = ("attention_backend", "attention", "flashinfer_attention", "attention_registry")
+    imports = {n: {node.module for node in ast.walk(ast.parse((engine_dir / f"{n}.py").read_text()))
+                   if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module in names}
+               for n in names}
+    assert imports == {"attention_backend": set(), "attention": {"attention_backend"},
+                       "flashinfer_attention": {"attention_backend"},
+                       "attention_registry": {"attention", "attention_backend", "flashinfer_attention"}}

@@ -1,18 +1,18 @@
-"""Paged attention behind one interface.
+"""The torch and Triton attention backends (see attention_backend.py for the interface they implement).
 
-K/V of the new tokens are already in the cache when `forward` runs, so every backend reads keys and values
-only through the page table.
+TorchAttention's SDPA paths run on any device; TritonAttention replaces only its decode step with a Triton kernel.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from .attention_backend import AttentionBackend
 from .batch import ForwardBatch
 from .kv_cache import KVCache
 
 
-class TorchAttention:
+class TorchAttention(AttentionBackend):
     """Portable path (CPU and GPU): gathers each request's pages and calls SDPA."""
 
     name = "torch"
@@ -87,36 +87,3 @@ class TritonAttention(TorchAttention):
                      self.mid_out[:bs], self.mid_lse[:bs], kv.page_size)
         return out.flatten(1)
 
-
-FLASHINFER_HEAD_DIMS = (64, 128, 256)  # what its decode and merge kernels are built for
-
-
-def select_attention(preferred: str, device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
-                     head_dim: int, max_batch_size: int, page_size: int, max_pages_per_request: int
-                     ) -> TorchAttention:
-    """auto: FlashInfer on CUDA when it imports and the dtype is half precision, else Triton, else torch."""
-    if preferred not in ("auto", "torch", "triton", "flashinfer"):
-        raise ValueError(f"unknown attention backend {preferred!r} (choose auto, torch, triton or flashinfer)")
-    if preferred in ("triton", "flashinfer") and device.type != "cuda":
-        raise ValueError(f"the {preferred} attention backend needs a CUDA device")
-    if preferred == "flashinfer" and dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"the flashinfer attention backend needs bfloat16 or float16, not {dtype}")
-    if preferred == "flashinfer" and head_dim not in FLASHINFER_HEAD_DIMS:
-        raise ValueError(f"the flashinfer attention backend supports head_dim {FLASHINFER_HEAD_DIMS}, not {head_dim}")
-    fits_flashinfer = head_dim in FLASHINFER_HEAD_DIMS and dtype in (torch.bfloat16, torch.float16)
-    if preferred == "flashinfer" or (preferred == "auto" and device.type == "cuda" and fits_flashinfer):
-        try:
-            from .flashinfer_attention import FlashInferAttention
-            return FlashInferAttention(num_heads, num_kv_heads, head_dim, page_size, max_pages_per_request, dtype,
-                                       device)
-        except ImportError:
-            if preferred == "flashinfer":
-                raise
-    if preferred == "triton" or (preferred == "auto" and device.type == "cuda"):
-        try:
-            import triton  # noqa: F401
-            return TritonAttention(num_heads, num_kv_heads, head_dim, max_batch_size, device)
-        except ImportError:
-            if preferred == "triton":
-                raise
-    return TorchAttention(num_heads, num_kv_heads, head_dim)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass
+@dataclass(kw_only=True)  # keywords only: six tensor fields in a row are easy to pass in the wrong order
 class ForwardBatch:
     """Flattened tokens of one step.
 

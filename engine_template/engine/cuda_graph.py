@@ -43,8 +43,9 @@ class DecodeGraphs:
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         # Host metadata of an all-padding batch (every row one token in the reserved page 0) for the capture.
-        return ForwardBatch(True, self.input_ids[:bs], self.positions[:bs], self.out_slots[:bs], self.seq_lens[:bs],
-                            self.page_table[:bs], self.rows[:bs], seq_lens_host=(1,) * bs,
+        return ForwardBatch(is_decode=True, input_ids=self.input_ids[:bs], positions=self.positions[:bs],
+                            out_slots=self.out_slots[:bs], seq_lens=self.seq_lens[:bs],
+                            page_table=self.page_table[:bs], logit_rows=self.rows[:bs], seq_lens_host=(1,) * bs,
                             page_ids_host=((0,),) * bs, cuda_graph=True)
 
     def padded_size(self, bs: int) -> int | None:

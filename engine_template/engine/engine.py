@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from .attention import select_attention
+from .attention_backend import AttentionConfig
+from .attention_registry import select_backend
 from .batch import ForwardBatch
 from .config import ModelConfig
 from .kernels import select_ops
@@ -75,9 +76,10 @@ class Engine:
                           self.device)
         self.allocator = PageAllocator(num_pages)
         self.page_table = PageTable(opts.max_batch_size, pages_per_req, self.device)
-        self.attn = select_attention(opts.attention_backend, self.device, self.dtype, cfg.num_heads,
-                                     cfg.num_kv_heads, cfg.head_dim, opts.max_batch_size, opts.page_size,
-                                     pages_per_req)
+        self.attn = select_backend(opts.attention_backend, AttentionConfig(
+            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=self.dtype,
+            device=self.device, max_batch_size=opts.max_batch_size, page_size=opts.page_size,
+            max_pages_per_request=pages_per_req))
         if opts.use_cuda_graphs and self.device.type == "cuda":
             from .cuda_graph import DecodeGraphs
             sizes = opts.cuda_graph_batch_sizes or _default_graph_sizes(opts.max_batch_size)
@@ -222,10 +224,11 @@ class Engine:
         width = math.ceil(max(seq) / ps)
         dev = self.device
         return ForwardBatch(
-            False, _tensor(ids, dev), _tensor(positions, dev), _tensor(slots, dev),
-            _tensor(seq, dev, torch.int32),
-            self.page_table.table.index_select(0, _tensor([r.row for r, _, _ in items], dev))[:, :width],
-            _tensor(logit_rows, dev), tuple(ext), tuple(seq), tuple(pages))
+            is_decode=False, input_ids=_tensor(ids, dev), positions=_tensor(positions, dev),
+            out_slots=_tensor(slots, dev), seq_lens=_tensor(seq, dev, torch.int32),
+            page_table=self.page_table.table.index_select(0, _tensor([r.row for r, _, _ in items], dev))[:, :width],
+            logit_rows=_tensor(logit_rows, dev), extend_lens=tuple(ext), seq_lens_host=tuple(seq),
+            page_ids_host=tuple(pages))
 
     def _decode(self, running: list[Request]) -> torch.Tensor:
         self._counters["decode_steps"] += 1
@@ -242,9 +245,11 @@ class Engine:
             return self.graphs.replay(packed[:4], self.page_table.table.index_select(0, packed[4]), bs, seq_lens,
                                       pages)
         width = math.ceil(max(r.seq_len for r in running) / ps)
-        batch = ForwardBatch(True, packed[0], packed[1], packed[2], packed[3].to(torch.int32),
-                             self.page_table.table.index_select(0, packed[4])[:, :width],
-                             torch.arange(bs, device=self.device), seq_lens_host=seq_lens, page_ids_host=pages)
+        batch = ForwardBatch(is_decode=True, input_ids=packed[0], positions=packed[1], out_slots=packed[2],
+                             seq_lens=packed[3].to(torch.int32),
+                             page_table=self.page_table.table.index_select(0, packed[4])[:, :width],
+                             logit_rows=torch.arange(bs, device=self.device), seq_lens_host=seq_lens,
+                             page_ids_host=pages)
         return self._forward(batch)
 
     def _advance(self, reqs: list[Request], logits: torch.Tensor) -> None:

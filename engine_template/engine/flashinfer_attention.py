@@ -7,21 +7,23 @@ from __future__ import annotations
 
 import torch
 
-from .attention import TorchAttention
+from .attention_backend import AttentionBackend
 from .batch import ForwardBatch
 from .kv_cache import KVCache
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # split-KV partial results; FlashInfer's recommended size
+FLASHINFER_HEAD_DIMS = (64, 128, 256)  # what its decode and merge kernels are built for
+FLASHINFER_DTYPES = (torch.bfloat16, torch.float16)
 
 
-class FlashInferAttention(TorchAttention):
+class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, page_size: int, max_pages_per_request: int,
                  dtype: torch.dtype, device: torch.device):
         import flashinfer  # lazy: a CUDA-only package, optional
 
-        super().__init__(num_heads, num_kv_heads, head_dim)
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self._fi = flashinfer
         self.page_size, self.max_pages, self.dtype, self.device = page_size, max_pages_per_request, dtype, device
         # One float workspace for every wrapper: steps run one after another on one stream.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .attention import TorchAttention
+from .attention_backend import AttentionBackend
 from .batch import ForwardBatch
 from .config import ModelConfig
 from .kernels import Ops
@@ -26,7 +26,7 @@ class DecoderLayer:
         self.down = weights["down_proj"]
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch,
-                attn: TorchAttention, kv: KVCache, cos_sin: torch.Tensor):
+                attn: AttentionBackend, kv: KVCache, cos_sin: torch.Tensor):
         cfg, ops = self.cfg, self.ops
         if residual is None:
             residual = hidden
@@ -62,7 +62,7 @@ class CausalLM:
         self.cos_sin = rope_cache(cfg.head_dim, cfg.rope_theta, max_positions, self.embed.device)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, attn: TorchAttention, kv: KVCache) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend, kv: KVCache) -> torch.Tensor:
         """Returns logits (float32) for `batch.logit_rows`."""
         hidden = F.embedding(batch.input_ids, self.embed)
         residual = None

@@ -85,8 +85,9 @@ def test_paged_decode_kernel_matches_torch_path():
         table[i, :n] = perm[used : used + n]
         used += n
     q = torch.randn(len(seq), hq, d, device="cuda", generator=g).to(torch.bfloat16)
-    batch = ForwardBatch(True, None, None, None, torch.tensor(seq, dtype=torch.int32, device="cuda"),
-                         table.cuda(), None)
+    batch = ForwardBatch(is_decode=True, input_ids=None, positions=None, out_slots=None,
+                         seq_lens=torch.tensor(seq, dtype=torch.int32, device="cuda"), page_table=table.cuda(),
+                         logit_rows=None)
     ref = TorchAttention(hq, hk, d).decode(0, q, batch, kv).float()
     out = TritonAttention(hq, hk, d, 8, torch.device("cuda")).decode(0, q, batch, kv).float()
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)

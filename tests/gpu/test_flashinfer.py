@@ -45,8 +45,9 @@ def test_paged_decode_matches_sdpa():
     seq = [1, 15, 16, 17, 333, 2500]
     kv, pages, table = _cache_and_pages(seq, g)
     q = torch.randn(len(seq), HQ, D, device="cuda", generator=g).to(torch.bfloat16)
-    batch = ForwardBatch(True, None, None, None, torch.tensor(seq, dtype=torch.int32, device="cuda"), table, None,
-                         seq_lens_host=tuple(seq), page_ids_host=pages)
+    batch = ForwardBatch(is_decode=True, input_ids=None, positions=None, out_slots=None,
+                         seq_lens=torch.tensor(seq, dtype=torch.int32, device="cuda"), page_table=table,
+                         logit_rows=None, seq_lens_host=tuple(seq), page_ids_host=pages)
     ref_attn, fi = _backends()
     fi.plan(batch)
     torch.testing.assert_close(fi.forward(0, q, batch, kv).float(), ref_attn.forward(0, q, batch, kv).float(),
@@ -59,8 +60,9 @@ def test_paged_prefill_with_cached_prefix_matches_sdpa():
     seq, ext = [7, 300, 64], [7, 45, 1]  # a fresh prompt, rows after a 255-token prefix, one row after 63
     kv, pages, table = _cache_and_pages(seq, g)
     q = torch.randn(sum(ext), HQ, D, device="cuda", generator=g).to(torch.bfloat16)
-    batch = ForwardBatch(False, None, None, None, torch.tensor(seq, dtype=torch.int32, device="cuda"), table, None,
-                         tuple(ext), tuple(seq), pages)
+    batch = ForwardBatch(is_decode=False, input_ids=None, positions=None, out_slots=None,
+                         seq_lens=torch.tensor(seq, dtype=torch.int32, device="cuda"), page_table=table,
+                         logit_rows=None, extend_lens=tuple(ext), seq_lens_host=tuple(seq), page_ids_host=pages)
     ref_attn, fi = _backends()
     fi.plan(batch)
     torch.testing.assert_close(fi.forward(0, q, batch, kv).float(), ref_attn.forward(0, q, batch, kv).float(),
