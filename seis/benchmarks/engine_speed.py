@@ -18,6 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .. import tables
 from .stats import fmt_range, summarize
 
 
@@ -94,8 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print(f"{result['device']}, {args.model}, prompt {args.prompt_len}, {args.new_tokens} forced new tokens, "
           f"median (min–max) of {args.reps}:")
-    for name, s in result["tok_per_s"].items():
-        print(f"  {name:24s} {fmt_range(s)} tok/s")
+    print(tables.plain(["system", "tok/s"], [[name, fmt_range(s)] for name, s in result["tok_per_s"].items()]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result

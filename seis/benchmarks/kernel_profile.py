@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from .. import tables
 from .engine_speed import _commit
 
 
@@ -76,12 +77,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{result['label']}: {result['kernels_per_token']:.1f} kernels and {result['kernel_us_per_token']:.0f} µs "
           f"of kernel time per output token, GPU busy {result['busy_us_per_token']:.0f} µs of "
           f"{result['wall_us_per_token']:.0f} µs wall ({result['device']}, {args.model}, {n} tokens)")
-    for row in result["top"]:
-        print(f"  {row['us_per_token']:8.1f} µs  {row['calls_per_token']:6.1f}x  {row['kernel']}")
+    print(tables.plain(["µs / token", "calls / token", "kernel"],
+                       [[f"{r['us_per_token']:.1f}", f"{r['calls_per_token']:.1f}x", r["kernel"]]
+                        for r in result["top"]],
+                       align=("right", "right", "left")))
     print("idle per token, by the kernel before it:", result["idle_us_per_token_after"])
     print("largest idle gaps:")
-    for g in result["largest_idle_gaps"]:
-        print(f"  {g['us']:8.1f} µs  after {g['after']}  before {g['before']}")
+    print(tables.plain(["idle µs", "after", "before"],
+                       [[f"{g['us']:.1f}", g["after"], g["before"]] for g in result["largest_idle_gaps"]],
+                       align=("right", "left", "left")))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result

@@ -20,6 +20,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from .. import tables
 from ..agents.offline.library import load_library
 from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
@@ -167,22 +168,28 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print(f"{result['device']}, {args.model}, {args.batch} request(s) at once, prompt {args.prompt_len}, "
           f"{args.new_tokens} forced new tokens each, median (min–max) of {args.reps}, commit {result['commit']}:")
-    for n, s in result["tok_per_s"].items():
-        print(f"  {n:60s} {fmt_range(s)} tok/s  x{result['speedup_vs_e0'][n]['median']:.2f}  "
-              f"same-as-E0 prefix {min(agreement[n])}/{args.new_tokens}  "
-              f"attention {info[n]['stats'].get('attention_backend', '?')}{_drafts(info[n]['stats'])}")
+    print(tables.plain(["engine", "tok/s", "vs E0", "same-as-E0 prefix", "attention", "drafts"],
+                       [[n, fmt_range(s), f"x{result['speedup_vs_e0'][n]['median']:.2f}",
+                         f"{min(agreement[n])}/{args.new_tokens}", info[n]["stats"].get("attention_backend", "?"),
+                         _draft_summary(info[n]["stats"])] for n, s in result["tok_per_s"].items()]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result
 
 
-def _drafts(stats: dict) -> str:
+def _draft_summary(stats: dict) -> str:
     """How a speculating engine's drafts fared (its counters), or nothing for one that does not draft."""
     steps = stats.get("verify_steps")
     if not steps:
         return ""
-    return (f"  drafts: {stats['accepted_draft_tokens']}/{stats['draft_tokens']} tokens accepted, "
+    return (f"{stats['accepted_draft_tokens']}/{stats['draft_tokens']} tokens accepted, "
             f"{1 + stats['accepted_draft_tokens'] / steps:.2f} tokens per verify step")
+
+
+def _drafts(stats: dict) -> str:
+    """_draft_summary as the tail of a line: `  drafts: ...`, or nothing."""
+    summary = _draft_summary(stats)
+    return f"  drafts: {summary}" if summary else ""
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import tables
 from .engine_speed import _commit
 from .ladder import _drafts
 
@@ -180,7 +181,6 @@ def _f(x: float | None, digits: int = 2) -> str:
 
 
 def markdown_table(results: list[dict]) -> str:
-    from tabulate import tabulate
     header = ["model", "workload", "requests", "generated tokens", "verify steps", "drafted", "accepted",
               "acceptance", "tokens per verify step", "per request: mean", "per request: median (min–max)",
               "tokens per decode step (all)", "same tokens as E0"]
@@ -200,7 +200,7 @@ def markdown_table(results: list[dict]) -> str:
                 "–" if p is None else f"{_f(p['median'])} ({_f(p['min'])}–{_f(p['max'])})",
                 _f(s["tokens_per_decode_step"]),
                 f"{s['equal_to_e0']} of {s['checked_against_e0']}" if s["checked_against_e0"] else "not checked"])
-    return tabulate(rows, headers=header, tablefmt="pipe", disable_numparse=True)
+    return tables.markdown(header, rows)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -28,6 +28,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import tables
 from .stats import summarize
 
 VANILLA = "vanilla mini-sglang"
@@ -185,7 +186,6 @@ def summary(results: dict, baseline: str) -> dict:
 
 
 def render(result: dict) -> str:
-    from tabulate import tabulate
     lines = [f"{result['device']}, {result['model']} ({result['weights']}), commit {result['commit']}, "
              f"median (min–max) of {result['reps']} repetitions; ratios against {result['baseline']}, same run:"]
     for workload in ("random", "gsm8k"):
@@ -204,7 +204,7 @@ def render(result: dict) -> str:
                 t, v = r["tok_per_s"], r["vs_baseline"]
                 cells.append(f"{t['median']:,.0f} ({t['min']:,.0f}–{t['max']:,.0f}) {v['median']:.2f}x")
             rows.append([name, *cells])
-        lines += ["", f"{workload}: {what}", tabulate(rows, header, tablefmt="github")]
+        lines += ["", f"{workload}: {what}", tables.markdown(header, rows)]
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Plain-text rendering of gate results and speed tables (for terminals and report.md)."""
 from __future__ import annotations
 
+from .. import tables
 from ..engine_host.attention import baseline_attention
 from .schema import CheckResult, DevBenchmarkResult, GateResult, SpeedStat, SpeedTable
 
@@ -27,11 +28,7 @@ def _cell(text: str, limit: int = 110) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def fmt(row: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
-    return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]
+    return tables.plain(header, rows).splitlines()
 
 
 def render_checks(checks: list[CheckResult]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import tables
 from .result import PostValResult, SpeedComparison, Spread
 
 if TYPE_CHECKING:
@@ -130,15 +131,6 @@ def latency_frame(result: PostValResult) -> pd.DataFrame:
 
 # ---- markdown ------------------------------------------------------------------------------------------------
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    def cell(x: object) -> str:
-        return str(x).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def accuracy_markdown(result: PostValResult) -> str:
     t = result.config.flag_points
     header = ["task", "items", "skipped (too long)", "vanilla %", "candidate %", "Δ points", "only candidate right",
@@ -147,12 +139,12 @@ def accuracy_markdown(result: PostValResult) -> str:
              a.candidate_only, a.vanilla_only, a.identical_outputs, f"{FLAG} outside ±{t:g}" if a.flagged else ""]
             for a in result.accuracy]
     out = [f"# Accuracy vs vanilla E0 (context {result.context_tokens} tokens)", "", accuracy_status(result), "",
-           markdown_table(header, rows)]
+           tables.markdown(header, rows)]
     if result.retrieval_buckets:
         b_rows = [[b.bucket, b.target_tokens, b.items, b.skipped, _num(b.vanilla_acc), _num(b.candidate_acc)]
                   for b in result.retrieval_buckets]
         out += ["", "## Retrieval by context length", "",
-                markdown_table(["bucket", "~tokens", "items", "skipped", "vanilla %", "candidate %"], b_rows)]
+                tables.markdown(["bucket", "~tokens", "items", "skipped", "vanilla %", "candidate %"], b_rows)]
     return "\n".join(out) + "\n"
 
 
@@ -197,7 +189,7 @@ def speed_markdown(result: PostValResult) -> str:
            "outputs: the fraction of the candidate's tokens that vanilla, scoring the candidate's own output, "
            "puts within the margin of its top-1 (valid), the fraction of outputs token-identical to vanilla's, the "
            "mean first differing token, summed length candidate / vanilla.", "",
-           markdown_table(SPEED_HEADER, _speed_md_rows(result.speed))]
+           tables.markdown(SPEED_HEADER, _speed_md_rows(result.speed))]
     return "\n".join(out) + "\n"
 
 
@@ -207,7 +199,7 @@ def workload_markdown(result: PostValResult) -> str:
         rows.append(["dev (gate-reported)", "single", "", "", "", "", "", f"{result.config.reported_dev_speedup:.2f}",
                      "", "", "", ""])
     out = ["# Workload dependence: dev workloads next to held-out shapes (single request)", "",
-           _status(result), "", markdown_table(SPEED_HEADER, rows)]
+           _status(result), "", tables.markdown(SPEED_HEADER, rows)]
     return "\n".join(out) + "\n"
 
 
@@ -222,7 +214,7 @@ def latency_markdown(result: PostValResult) -> str:
                      f"{r.out_tokens_p10:.0f}–{r.out_tokens_p90:.0f}", f"{r.out_tokens_min}–{r.out_tokens_max}",
                      f"{100 * r.length_capped_frac:.0f}", f"{FLAG} not trustworthy" if r.timed_flag else ""])
     out = ["# Single-request latency (every timed request of every repetition) and output lengths", "",
-           _status(result), "", markdown_table(header, rows)]
+           _status(result), "", tables.markdown(header, rows)]
     return "\n".join(out) + "\n"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .. import tables
 from .spec import SessionOutcome
 
 ROUNDING = {"dev_speedup_vs_vanilla": 3, "dev_speedup_vs_parent": 3, "wall_s": 1, "cost_usd": 4}
@@ -58,14 +59,13 @@ def session_markdown(outcome: SessionOutcome, measurements: str, session_dir: Pa
         ("dev speedup vs parent", _x(outcome.dev_speedup_vs_parent)),
         ("applied", ", ".join(outcome.applied) or "-"), ("adopted", ", ".join(outcome.adopted) or "-"),
         ("synced from", ", ".join(outcome.synced_from) or "-"),
-        ("reasons", "; ".join(outcome.reasons).replace("|", "\\|").replace("\n", " ") or "-"),
+        ("reasons", "; ".join(outcome.reasons) or "-"),
         ("agent", f"{outcome.agent}: {outcome.tokens_in} tokens in, {outcome.tokens_out} out, "
                   f"${outcome.cost_usd:.4f}"),
         ("wall", f"{outcome.wall_s:.1f} s"), ("files", f"`{session_dir}`"),
     ]
-    from tabulate import tabulate
     lines = [f"# {run_label(outcome.chain, outcome.session)}: {outcome.verdict}", "",
-             tabulate(facts, headers=("", ""), tablefmt="pipe", disable_numparse=True), ""]
+             tables.markdown(("", ""), facts), ""]
     report, shown = outcome.report.markdown, measurements.strip()
     if shown and shown in report:
         report = report.replace(shown, fence(shown), 1)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from .. import tables
 from .dispatch import SessionReply
 
 LOCAL = "local"
@@ -80,7 +81,7 @@ def timeline_markdown(spans: list[GateSpan]) -> str:
     per_lane = most_at_once_per_lane(spans)
     wall = (max(s.end for s in spans) - t0).total_seconds()
     busy = sum((s.end - s.start).total_seconds() for s in spans)
-    lines = [df.to_markdown(index=False, floatfmt=".1f"), "",
+    lines = [tables.frame_markdown(df, floatfmt=".1f"), "",
              f"{len(spans)} gates from {t0.isoformat(timespec='seconds')}: {wall:.1f} s of wall time, {busy:.1f} s "
              f"of gate time; at most {most_at_once(spans)} at once",
              "at most at once per worker and device: " + ", ".join(f"{k}: {v}" for k, v in per_lane.items())]
