@@ -67,6 +67,21 @@ def _labelled_dirs(values: list[str]) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    args = _parse_args(argv)
+    from ..models import resolve_model
+
+    model_dir = resolve_model(args.model)
+    info, tokens, times = _time_engines(args, model_dir, _prompts(args, model_dir))
+    result = _result(args, info, tokens, times)
+    print(f"{result['device']}, {args.model}, {args.batch} request(s) at once, prompt {args.prompt_len}, "
+          f"{args.new_tokens} forced new tokens each, median (min–max) of {args.reps}, commit {result['commit']}:")
+    print(_table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-0.6b-random")
     ap.add_argument("--order", default="", help="comma-separated transformations, stacked in this order")
@@ -91,47 +106,49 @@ def main(argv: list[str] | None = None) -> dict:
     if args.max_seq_len < args.prompt_len + args.new_tokens:
         raise SystemExit(f"--max-seq-len {args.max_seq_len} is shorter than --prompt-len + --new-tokens "
                          f"({args.prompt_len + args.new_tokens})")
+    return args
 
+
+def _prompts(args: argparse.Namespace, model_dir: Path) -> list[list[list[int]]]:
+    """The calls: a warm-up, then one per repetition, each of args.batch random prompts; nothing is served twice."""
     import torch
 
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    gen = torch.Generator().manual_seed(0)
+    return [[torch.randint(0, min(vocab, 20000), (args.prompt_len,), generator=gen).tolist()
+             for _ in range(args.batch)] for _ in range(args.reps + 1)]
+
+
+def _time_engines(args: argparse.Namespace, model_dir: Path, calls: list[list[list[int]]]
+                  ) -> tuple[dict[str, dict], dict[str, list[list[int]]], dict[str, list[float]]]:
+    """Every engine started, built and warmed up (calls[0]) in turn, all alive at once; then each repetition's call
+    times every engine once, interleaved. Returns per engine: its build reply, options and last stats; the tokens of
+    every request it served; its tok/s per repetition."""
     from ..engine_host import EngineProcess
     from ..engine_host.client import Sampling
     from ..engine_host.jit_cache import held_cache, private_cache
     from ..workspace.tree import tree_hash
-    from ..models import resolve_model
 
-    model_dir = resolve_model(args.model)
-    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    gen = torch.Generator().manual_seed(0)
-    # args.batch prompts per repetition (+ warm-up): nothing is served twice
-    calls = [[torch.randint(0, min(vocab, 20000), (args.prompt_len,), generator=gen).tolist()
-              for _ in range(args.batch)] for _ in range(args.reps + 1)]
     sampling = Sampling(max_new_tokens=args.new_tokens, ignore_eos=True)
     options = {"max_batch_size": args.max_batch_size or max(8, args.batch), "max_seq_len": args.max_seq_len}
     order = [n for n in args.order.split(",") if n]
     backends = [b for b in args.backends.split(",") if b]
     also = [[n for n in stack.split("+") if n] for stack in args.also.split(",") if stack]
     extra = _labelled_dirs(args.engine)
+    engines: dict[str, EngineProcess] = {}
+    info, tokens, times = {}, {}, {}
+
+    def run(name: str, batch: list[list[int]]) -> float:
+        tok_per_s, outs = _timed_call(engines[name], name, batch, sampling, args.new_tokens)
+        tokens[name].extend(outs)
+        return tok_per_s
+
     with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache, \
             ExitStack() as held:
         # JIT caches (engine_host.jit_cache): E0 keeps the machine's cache for its tree, as vanilla does in the gate;
         # every other engine gets its own copy, made once E0 has warmed up, so kernels E0 compiled are not compiled
         # again (each sandbox runs as its own user, and no engine may write another's cache).
-        tree = tree_hash(ENGINE_TEMPLATE)
-        shared = held.enter_context(held_cache(tree, Path(cache) / "E0"))
-        engines: dict[str, EngineProcess] = {}
-        info, tokens, times = {}, {}, {}
-
-        def run(name: str, batch: list[list[int]]) -> float:
-            t0 = time.perf_counter()
-            outs = [o["token_ids"] for o in engines[name].generate(batch, sampling)]
-            dt = time.perf_counter() - t0
-            if [len(o) for o in outs] != [args.new_tokens] * len(batch):
-                raise SystemExit(f"{name} returned {[len(o) for o in outs]} tokens, not {args.new_tokens} "
-                                 f"for each of {len(batch)} requests")
-            tokens[name].extend(outs)
-            return len(batch) * args.new_tokens / dt
-
+        shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), Path(cache) / "E0"))
         try:
             for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp), also,
                                                           extra).items()):
@@ -153,11 +170,33 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             for eng in engines.values():
                 eng.close()
+    return info, tokens, times
+
+
+def _timed_call(engine, name: str, batch: list[list[int]], sampling, new_tokens: int
+                ) -> tuple[float, list[list[int]]]:
+    """One generate call of the whole batch: its tok/s over the call's wall time (prefill included) and the outputs,
+    each exactly new_tokens long (ignore_eos forces them; anything else is an engine fault)."""
+    t0 = time.perf_counter()
+    outs = [o["token_ids"] for o in engine.generate(batch, sampling)]
+    dt = time.perf_counter() - t0
+    if [len(o) for o in outs] != [new_tokens] * len(batch):
+        raise SystemExit(f"{name} returned {[len(o) for o in outs]} tokens, not {new_tokens} "
+                         f"for each of {len(batch)} requests")
+    return len(batch) * new_tokens / dt, outs
+
+
+def _result(args: argparse.Namespace, info: dict[str, dict], tokens: dict[str, list[list[int]]],
+            times: dict[str, list[float]]) -> dict:
+    """JSON-ready: tok/s and the speedup over E0's median per engine, and per request how many leading greedy
+    tokens equal E0's."""
+    import torch
+
     ref = tokens["E0"]
     agreement = {n: [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(t, ref)]
                  for n, t in tokens.items()}
     e0 = summarize(times["E0"])["median"]
-    result = {
+    return {
         "benchmark": "ladder", "model": args.model, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
         "batch": args.batch, "reps": args.reps, "commit": _commit(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -166,15 +205,16 @@ def main(argv: list[str] | None = None) -> dict:
         "greedy_prefix_equal_to_e0": agreement,
         "engines": info,
     }
-    print(f"{result['device']}, {args.model}, {args.batch} request(s) at once, prompt {args.prompt_len}, "
-          f"{args.new_tokens} forced new tokens each, median (min–max) of {args.reps}, commit {result['commit']}:")
-    print(tables.plain(["engine", "tok/s", "vs E0", "same-as-E0 prefix", "attention", "drafts"],
-                       [[n, fmt_range(s), f"x{result['speedup_vs_e0'][n]['median']:.2f}",
-                         f"{min(agreement[n])}/{args.new_tokens}", info[n]["stats"].get("attention_backend", "?"),
-                         _draft_summary(info[n]["stats"])] for n, s in result["tok_per_s"].items()]))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return result
+
+
+def _table(result: dict) -> str:
+    """One row per engine: tok/s, speedup, the shortest prefix equal to E0's, attention backend, drafts."""
+    agreement, info = result["greedy_prefix_equal_to_e0"], result["engines"]
+    return tables.plain(["engine", "tok/s", "vs E0", "same-as-E0 prefix", "attention", "drafts"],
+                        [[n, fmt_range(s), f"x{result['speedup_vs_e0'][n]['median']:.2f}",
+                          f"{min(agreement[n])}/{result['new_tokens']}",
+                          info[n]["stats"].get("attention_backend", "?"), _draft_summary(info[n]["stats"])]
+                         for n, s in result["tok_per_s"].items()])
 
 
 def _draft_summary(stats: dict) -> str:

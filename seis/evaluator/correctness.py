@@ -41,7 +41,7 @@ from .checks import (
     temperature_for,
     well_conditioned_top_p,
 )
-from .config import CheckSizes, GateConfig
+from .config import CheckSizes, GateConfig, GateThresholds
 from .engines import EngineHandle, GenerationOut, ScoreOut
 from .errors import ReferenceFailure
 from .schema import Calibration, CheckResult
@@ -396,109 +396,156 @@ class CorrectnessOutcome:
 
 def run_correctness(ref: EngineHandle, cand: EngineHandle, wl: GateWorkloads, config: GateConfig,
                     eos_ids: list[int], vocab: int) -> CorrectnessOutcome:
+    th = config.thresholds
+    rp = _reference_pass(ref, wl, config, eos_ids, vocab)
+    # The reference's own-noise runs and the candidate's runs need nothing from each other: run them at once
+    # (two engine processes), which halves the wall time of this phase.
+    with ThreadPoolExecutor(2) as pool:
+        cal_future = pool.submit(_calibration, ref, rp, th, eos_ids)
+        cand_future = pool.submit(_candidate_runs, cand, wl, rp, th.top_k)
+        cal, (c, c_dev_in_mixed) = cal_future.result(), cand_future.result()
+    checks = _checks(ref, wl, config, rp, c, c_dev_in_mixed, cal, eos_ids, vocab)
+    return CorrectnessOutcome(checks, cal, _counts(wl, config.checks, rp))
+
+
+@dataclass
+class _ReferencePass:
+    """The reference's first runs and the requests they fix: its outputs define the forced continuations, the EOS
+    probes and the stop-id requests, its next-token log-probs the sampling groups; the candidate then gets exactly
+    these calls."""
+
+    sets: dict[str, PromptSet]    # dev, heldout: every check
+    extra: dict[str, PromptSet]   # long_context, late: checked as a few requests, with their own tolerances
+    mixed: Mixed
+    r: Runs
+    r_dev_in_mixed: list
+    forced: dict[str, list[list[int]]]
+    probe_prompts: list[list[int]]
+    probe_sampling: list[Sampling]
+    groups: list[SamplingGroup]
+    sampling_prompts: list[list[int]]
+    sampling_params: list[Sampling]
+    stop: StopPlan
+
+    @property
+    def every(self) -> dict[str, PromptSet]:
+        return {**self.sets, **self.extra}
+
+
+def _reference_pass(ref: EngineHandle, wl: GateWorkloads, config: GateConfig, eos_ids: list[int],
+                    vocab: int) -> _ReferencePass:
     th, sizes = config.thresholds, config.checks
     sets = {k: v for k, v in (("dev", wl.dev), ("heldout", wl.heldout)) if len(v)}
     extra = {k: v for k, v in (("long_context", wl.long), ("late", wl.late)) if len(v)}
-    every = {**sets, **extra}
     mixed = mix(wl.dev, wl.heldout)
-    eos = set(eos_ids)
-    max_seq_len = wl.budget.max_seq_len
-
-    # --- reference: outputs, forced continuations, EOS probes, sampling targets, stop-id requests ---------------
     r, r_mixed = _run_generations(ref, wl, mixed)
     _run_extra(ref, r, extra)
-    r_dev_in_mixed = _pick(r_mixed, mixed.dev_at)
     forced = {split: [o.token_ids[: sizes.tf_max_tokens] for o in r.gen[split]] for split in sets}
     forced.update({split: [o.token_ids for o in r.gen[split]] for split in extra})
-    _run_scores(ref, r, every, forced, th.top_k)
-    probe_prompts = _mine_probes(ref, sets, r, eos, sizes.n_eos_probes, vocab, wl.chat_probes,
+    _run_scores(ref, r, {**sets, **extra}, forced, th.top_k)
+    probe_prompts = _mine_probes(ref, sets, r, set(eos_ids), sizes.n_eos_probes, vocab, wl.chat_probes,
                                  sizes.probe_new_tokens)
     probe_sampling = [Sampling(max_new_tokens=sizes.probe_new_tokens)] * len(probe_prompts)
     r.probes = ref.generate(probe_prompts, probe_sampling) if probe_prompts else []
     groups = _sampling_plan(ref, wl.dev, sizes, config.seed, vocab)
     sampling_prompts, sampling_params = _sampling_requests(groups)
-    stop = _stop_plan(sets, r, eos_ids, sizes.n_stop, vocab)
+    return _ReferencePass(sets, extra, mixed, r, _pick(r_mixed, mixed.dev_at), forced, probe_prompts,
+                          probe_sampling, groups, sampling_prompts, sampling_params,
+                          _stop_plan(sets, r, eos_ids, sizes.n_stop, vocab))
 
-    def calibration() -> Calibration:
-        alone_gen = [o for ps in sets.values() for o in _alone(ref, ps)]
-        alone_forced = [forced_stats(r.scores[(s, p)], _alone(ref, sets[s], forced[s], p, th.top_k))
-                        for s in sets for p in PATHS]
-        batched_gen = [o for s in sets for o in r.gen[s]]
-        natural = [not sp.ignore_eos for ps in sets.values() for sp in ps.sampling]
-        g_agree, len_noise = greedy_noise(batched_gen, alone_gen, natural)
-        noise = noise_from_runs(alone_forced, g_agree, len_noise, greedy_agreement(r.gen["dev"], r_dev_in_mixed))
-        # The extra splits get their own noise (long contexts may legitimately be noisier), so adding them leaves
-        # the dev/held-out tolerances exactly as they were.
-        # A one-request split is scored alone already (score/verify run per split): that run would repeat the
-        # same composition, so it is skipped (noise 0). The extra splits have no exact-output check, so their
-        # greedy outputs need no second run either.
-        splits = {s: split_noise([forced_stats(r.scores[(s, p)], _alone(ref, ps, forced[s], p, th.top_k)
-                                               if len(ps) > 1 else r.scores[(s, p)]) for p in PATHS],
-                                 greedy_agreement(r.gen[s], r.gen[s]))
-                  for s, ps in extra.items()}
-        sampling = None
-        if groups:
-            r.sampling = ref.generate(sampling_prompts, sampling_params)
-            prompts = list(dict.fromkeys(g.prompt for g in groups))
-            alone = [o for p in prompts for o in ref.score([list(p)], [[0]], top_k=SAMPLING_TOP)]
-            sampling = _sampling_noise(groups, r.sampling, alone)
-        if stop.prompts:
-            r.stop = ref.generate(stop.prompts, stop.sampling)
-            own = _stop_violations(stop, r.stop, eos_ids)
-            if own:
-                raise ReferenceFailure(f"the reference breaks the stop_token_ids rules: {own[0]}")
-        return calibrate(noise, th, positions=sum(len(f) for s in sets for f in forced[s]),
-                         requests=len(batched_gen), splits=splits, sampling=sampling)
 
-    def candidate_runs() -> tuple[Runs, list]:  # the same calls, the same compositions
-        c, c_mixed = _run_generations(cand, wl, mixed)
-        _run_extra(cand, c, extra)
-        _run_scores(cand, c, every, forced, th.top_k)
-        c.probes = cand.generate(probe_prompts, probe_sampling) if probe_prompts else []
-        c.sampling = cand.generate(sampling_prompts, sampling_params) if groups else []
-        c.stop = cand.generate(stop.prompts, stop.sampling) if stop.prompts else []
-        return c, _pick(c_mixed, mixed.dev_at)
+def _calibration(ref: EngineHandle, rp: _ReferencePass, th: GateThresholds, eos_ids: list[int]) -> Calibration:
+    """The reference's own noise: the same requests in other batch compositions (one at a time, mixed), its
+    sampling and stop-id requests; calibrates the tolerances. Raises ReferenceFailure if the reference itself
+    breaks the stop_token_ids rules."""
+    r, sets, forced = rp.r, rp.sets, rp.forced
+    alone_gen = [o for ps in sets.values() for o in _alone(ref, ps)]
+    alone_forced = [forced_stats(r.scores[(s, p)], _alone(ref, sets[s], forced[s], p, th.top_k))
+                    for s in sets for p in PATHS]
+    batched_gen = [o for s in sets for o in r.gen[s]]
+    natural = [not sp.ignore_eos for ps in sets.values() for sp in ps.sampling]
+    g_agree, len_noise = greedy_noise(batched_gen, alone_gen, natural)
+    noise = noise_from_runs(alone_forced, g_agree, len_noise, greedy_agreement(r.gen["dev"], rp.r_dev_in_mixed))
+    # The extra splits get their own noise (long contexts may legitimately be noisier), so adding them leaves
+    # the dev/held-out tolerances exactly as they were.
+    # A one-request split is scored alone already (score/verify run per split): that run would repeat the
+    # same composition, so it is skipped (noise 0). The extra splits have no exact-output check, so their
+    # greedy outputs need no second run either.
+    splits = {s: split_noise([forced_stats(r.scores[(s, p)], _alone(ref, ps, forced[s], p, th.top_k)
+                                           if len(ps) > 1 else r.scores[(s, p)]) for p in PATHS],
+                             greedy_agreement(r.gen[s], r.gen[s]))
+              for s, ps in rp.extra.items()}
+    sampling = None
+    if rp.groups:
+        r.sampling = ref.generate(rp.sampling_prompts, rp.sampling_params)
+        prompts = list(dict.fromkeys(g.prompt for g in rp.groups))
+        alone = [o for p in prompts for o in ref.score([list(p)], [[0]], top_k=SAMPLING_TOP)]
+        sampling = _sampling_noise(rp.groups, r.sampling, alone)
+    if rp.stop.prompts:
+        r.stop = ref.generate(rp.stop.prompts, rp.stop.sampling)
+        own = _stop_violations(rp.stop, r.stop, eos_ids)
+        if own:
+            raise ReferenceFailure(f"the reference breaks the stop_token_ids rules: {own[0]}")
+    return calibrate(noise, th, positions=sum(len(f) for s in sets for f in forced[s]),
+                     requests=len(batched_gen), splits=splits, sampling=sampling)
 
-    # The reference's own-noise runs and the candidate's runs need nothing from each other: run them at once
-    # (two engine processes), which halves the wall time of this phase.
-    with ThreadPoolExecutor(2) as pool:
-        cal_future, cand_future = pool.submit(calibration), pool.submit(candidate_runs)
-        cal, (c, c_dev_in_mixed) = cal_future.result(), cand_future.result()
 
+def _candidate_runs(cand: EngineHandle, wl: GateWorkloads, rp: _ReferencePass, top_k: int) -> tuple[Runs, list]:
+    """The candidate's replies to the reference's calls, in the same compositions; and its dev outputs from the
+    mixed batch (the consistency check)."""
+    c, c_mixed = _run_generations(cand, wl, rp.mixed)
+    _run_extra(cand, c, rp.extra)
+    _run_scores(cand, c, rp.every, rp.forced, top_k)
+    c.probes = cand.generate(rp.probe_prompts, rp.probe_sampling) if rp.probe_prompts else []
+    c.sampling = cand.generate(rp.sampling_prompts, rp.sampling_params) if rp.groups else []
+    c.stop = cand.generate(rp.stop.prompts, rp.stop.sampling) if rp.stop.prompts else []
+    return c, _pick(c_mixed, rp.mixed.dev_at)
+
+
+def _checks(ref: EngineHandle, wl: GateWorkloads, config: GateConfig, rp: _ReferencePass, c: Runs,
+            c_dev_in_mixed: list, cal: Calibration, eos_ids: list[int], vocab: int) -> list[CheckResult]:
+    """Every named check, in report order: per split, consistency, EOS probes, extra splits, sampling, stop ids."""
+    th, sizes = config.thresholds, config.checks
+    r, forced, max_seq_len = rp.r, rp.forced, wl.budget.max_seq_len
     checks: list[CheckResult] = []
-    for split, ps in sets.items():
+    for split, ps in rp.sets.items():
         checks += _split_checks(split, ps, r, c, forced[split], cal.tolerance, max_seq_len, eos_ids)
         checks.append(_validity_check(split, ref, ps, c.gen.get(split), th.greedy_margin, cal.tolerance, vocab,
                                       max_seq_len, forced[split], r.scores[(split, "decode")]))
     checks.append(_consistency_check(c.gen.get("dev"), c_dev_in_mixed, cal))
-    checks += _probe_checks(probe_prompts, r.probes, c.probes, cal, eos_ids, sizes.probe_new_tokens,
+    checks += _probe_checks(rp.probe_prompts, r.probes, c.probes, cal, eos_ids, sizes.probe_new_tokens,
                             max_seq_len, wl.chat_probe_note)
-    if sizes.n_long and "long_context" not in extra:
+    if sizes.n_long and "long_context" not in rp.extra:
         checks.append(CheckResult.skip("long_context", f"no long-context prompts: {wl.long_note}"))
-    for split, ps in extra.items():
+    for split, ps in rp.extra.items():
         tol = _split_tolerance(cal, split)
         checks += _split_checks(split, ps, r, c, forced[split], tol, max_seq_len, eos_ids, few=True)
         checks.append(_validity_check(split, ref, ps, c.gen.get(split), th.greedy_margin, tol, vocab, max_seq_len,
                                       forced[split], r.scores[(split, "decode")], agreement=greedy_agreement(
                                           r.gen[split], c.gen.get(split))))
-    if groups:
-        checks += _sampling_checks(groups, c.sampling, cal, max_seq_len)
+    if rp.groups:
+        checks += _sampling_checks(rp.groups, c.sampling, cal, max_seq_len)
     elif sizes.n_sampling_prompts and len(wl.dev):
         why = f"the vocabulary ({vocab}) is too small for a top-{SAMPLING_TOP} target"
         checks += [CheckResult.skip("sampling.support", why), CheckResult.skip("sampling.tv", why)]
     if sizes.n_stop:
-        checks.append(_stop_check(stop, c.stop, eos_ids))
-    counts = {"dev_prompts": len(wl.dev), "heldout_prompts": len(wl.heldout), "eos_probes": len(probe_prompts),
-              **{f"{s}_forced_positions": sum(map(len, forced[s])) for s in sets}}
-    if extra:
-        counts.update({f"{s}_prompts": len(extra[s]) for s in extra})
-        counts.update({f"{s}_forced_positions": sum(map(len, forced[s])) for s in extra})
-        counts.update({f"{s}_prompt_tokens": max(map(len, extra[s].prompts)) for s in extra})
-    if groups:
-        counts["sampling_requests"] = len(sampling_prompts)
+        checks.append(_stop_check(rp.stop, c.stop, eos_ids))
+    return checks
+
+
+def _counts(wl: GateWorkloads, sizes: CheckSizes, rp: _ReferencePass) -> dict[str, int]:
+    """How many prompts, forced positions and requests each check saw (the report's counts)."""
+    counts = {"dev_prompts": len(wl.dev), "heldout_prompts": len(wl.heldout), "eos_probes": len(rp.probe_prompts),
+              **{f"{s}_forced_positions": sum(map(len, rp.forced[s])) for s in rp.sets}}
+    if rp.extra:
+        counts.update({f"{s}_prompts": len(rp.extra[s]) for s in rp.extra})
+        counts.update({f"{s}_forced_positions": sum(map(len, rp.forced[s])) for s in rp.extra})
+        counts.update({f"{s}_prompt_tokens": max(map(len, rp.extra[s].prompts)) for s in rp.extra})
+    if rp.groups:
+        counts["sampling_requests"] = len(rp.sampling_prompts)
     if sizes.n_stop:
-        counts["stop_requests"] = len(stop.prompts)
-    return CorrectnessOutcome(checks, cal, counts)
+        counts["stop_requests"] = len(rp.stop.prompts)
+    return counts
 
 
 def _split_tolerance(cal: Calibration, split: str) -> dict[str, float]:

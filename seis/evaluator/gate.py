@@ -6,8 +6,9 @@ import hashlib
 import shutil
 import tempfile
 import time
-from contextlib import ExitStack
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,11 +19,11 @@ from .engines import Deadline, EngineHandle, start_and_build
 from .errors import GateInputError, GateInterrupted, HostFailure, ReferenceFailure
 from .isolation import OFFLINE_ENV, VISIBLE, Isolation, make_isolation
 from .logit_scale import eos_gap_scale
-from .schema import CheckResult, DevBenchmarkResult, GateResult, Hashes, IsolationRecord
+from .schema import Calibration, CheckResult, DevBenchmarkResult, GateResult, Hashes, IsolationRecord, SpeedTable
 from .snapshot import Snapshot, files_sha256, snapshot, tree_sha256
 from .speed import measure_speed
 from .timed import timed_checks
-from .workloads import load_gate_workloads, load_speed_workloads, read_model_limits
+from .workloads import GateWorkloads, load_gate_workloads, load_speed_workloads, read_model_limits
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # seis/
 
@@ -197,34 +198,8 @@ def run_gate(config: GateConfig) -> GateResult:
         vocab, _ = read_model_limits(setup.model_dir)
         timings["setup"] = time.monotonic() - t0
         handles = _handles(config, setup, wl.budget.max_seq_len, trusted={"vanilla"}, held=held)
-        cand, ref = handles["candidate"], handles["vanilla"]
-        calibration, speed, counts, stats = None, None, {}, {}
         try:
-            mark = time.monotonic()
-            start_and_build(list(handles.values()))
-            timings["build"] = time.monotonic() - mark
-            checks: list[CheckResult] = []
-            if cand.usable:
-                mark = time.monotonic()
-                outcome = run_correctness(ref, cand, wl, config, ref.build_info["eos_token_ids"], vocab)
-                checks, calibration, counts = outcome.checks, outcome.calibration, outcome.counts
-                timings["correctness"] = time.monotonic() - mark
-            correct = all(c.passed for c in checks + _engine_checks(cand))
-            if config.speed.enabled and wl.speed and (correct or config.speed.run_on_fail) and cand.usable:
-                mark = time.monotonic()
-                order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
-                speed, timed = measure_speed(order, wl.speed, config.speed, setup.device)
-                timings["speed"] = time.monotonic() - mark
-                checks.append(CheckResult.bounded(
-                    "speed.gpu_idle", float(speed.gpu_never_idle), upper=0.0,
-                    detail="timed requests that started while the GPU still ran other work (left by a frozen "
-                           "engine) after the idle wait's limit"))
-                mark = time.monotonic()
-                eos_ids = ref.build_info["eos_token_ids"]
-                checks += timed_checks(ref, timed, calibration, config.thresholds, eos_ids, vocab,
-                                       wl.budget.max_seq_len, eos_gap_scale(setup.model_dir, eos_ids))
-                timings["timed_checks"] = time.monotonic() - mark
-            stats = {role: h.stats() for role, h in handles.items() if h.usable}
+            judged = _judge(config, setup, wl, handles, vocab, timings)
         except (ReferenceFailure, HostFailure, SandboxError) as e:
             if interrupted():
                 raise GateInterrupted("the run was interrupted while the gate ran") from e
@@ -233,28 +208,94 @@ def run_gate(config: GateConfig) -> GateResult:
             _close(handles)
         if interrupted():  # its engines were killed under it: whatever failed, the candidate is not to blame
             raise GateInterrupted("the run was interrupted while the gate ran")
-        unchanged, tree_checks = _unchanged(setup.snaps)
-        checks = _engine_checks(cand) + tree_checks + checks
-        failed = [c.name for c in checks if not c.passed]
-        snaps = setup.snaps
-        hashes = Hashes(candidate_tree=snaps["candidate"].sha256, reference_tree=snaps["vanilla"].sha256,
-                        parent_tree=snaps["parent"].sha256 if "parent" in snaps else None,
-                        snapshots=setup.snapshot_ids, trees_unchanged=unchanged,
-                        evaluator_source=evaluator_source_sha256(), workloads_manifest=wl.manifest_digest,
-                        workloads=wl.digest(), thresholds=_sha(config.thresholds.model_dump_json()),
-                        config=_sha(config.model_dump_json()))
-        result = GateResult(
-            verdict="fail" if failed else "pass", failed_checks=failed, checks=checks, calibration=calibration,
-            speed=speed, hashes=hashes, isolation=_isolation_record(config, setup.isolation), model=config.model,
-            model_dir=str(setup.model_dir), device=setup.device, candidate=str(snaps["candidate"].source),
-            reference=str(snaps["vanilla"].source),
-            parent=str(snaps["parent"].source) if "parent" in snaps else None,
-            engine_stats={k: v for k, v in stats.items() if isinstance(v, dict)}, counts=counts,
-            timings_s={k: round(v, 3) for k, v in timings.items()}, started_at=started,
-            wall_s=round(time.monotonic() - t0, 3), config=config.model_dump(mode="json"))
+        result = _gate_result(config, setup, wl, handles["candidate"], judged, timings, started, t0)
         if result.verdict == "pass" and config.retain_dir is not None:
-            _retain(snaps["candidate"], config.retain_dir)
+            _retain(setup.snaps["candidate"], config.retain_dir)
         return result
+
+
+@contextmanager
+def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+    """timings[phase]: the seconds the block took (not recorded when it raises)."""
+    mark = time.monotonic()
+    yield
+    timings[phase] = time.monotonic() - mark
+
+
+@dataclass
+class _Judged:
+    """What the gate learnt while the engines ran: the candidate's correctness and speed checks (the engine and
+    tree checks come once every engine is closed), the calibration, the speed table, counts and engine stats."""
+    checks: list[CheckResult] = field(default_factory=list)
+    calibration: Calibration | None = None
+    speed: SpeedTable | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+
+def _judge(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[str, EngineHandle], vocab: int,
+           timings: dict[str, float]) -> _Judged:
+    """Build every engine; check correctness if the candidate built; then time it, if speed is on and it is still
+    correct (or config.speed.run_on_fail), judging its timed outputs too."""
+    cand, ref = handles["candidate"], handles["vanilla"]
+    judged = _Judged()
+    with _timed(timings, "build"):
+        start_and_build(list(handles.values()))
+    if cand.usable:
+        with _timed(timings, "correctness"):
+            outcome = run_correctness(ref, cand, wl, config, ref.build_info["eos_token_ids"], vocab)
+        judged.checks, judged.calibration, judged.counts = outcome.checks, outcome.calibration, outcome.counts
+    correct = all(c.passed for c in judged.checks + _engine_checks(cand))
+    if config.speed.enabled and wl.speed and (correct or config.speed.run_on_fail) and cand.usable:
+        judged.speed, speed_checks = _speed(config, setup, wl, handles, judged.calibration, vocab, timings)
+        judged.checks += speed_checks
+    judged.stats = {role: h.stats() for role, h in handles.items() if h.usable}
+    return judged
+
+
+def _speed(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[str, EngineHandle],
+           calibration: Calibration | None, vocab: int, timings: dict[str, float]
+           ) -> tuple[SpeedTable, list[CheckResult]]:
+    """The speed table and its checks: no timed request began while the GPU still ran other work, and the
+    candidate's timed outputs pass the reference's timed checks (a fast wrong answer is no speedup)."""
+    ref = handles["vanilla"]
+    with _timed(timings, "speed"):
+        order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
+        speed, timed = measure_speed(order, wl.speed, config.speed, setup.device)
+    checks = [CheckResult.bounded(
+        "speed.gpu_idle", float(speed.gpu_never_idle), upper=0.0,
+        detail="timed requests that started while the GPU still ran other work (left by a frozen "
+               "engine) after the idle wait's limit")]
+    with _timed(timings, "timed_checks"):
+        eos_ids = ref.build_info["eos_token_ids"]
+        checks += timed_checks(ref, timed, calibration, config.thresholds, eos_ids, vocab,
+                               wl.budget.max_seq_len, eos_gap_scale(setup.model_dir, eos_ids))
+    return speed, checks
+
+
+def _gate_result(config: GateConfig, setup: _Setup, wl: GateWorkloads, cand: EngineHandle, judged: _Judged,
+                 timings: dict[str, float], started: str, t0: float) -> GateResult:
+    """The verdict over every check (engine, tree, then the judged ones) and the hashes that pin what was judged:
+    the trees, the evaluator's source, the workloads, thresholds and config."""
+    unchanged, tree_checks = _unchanged(setup.snaps)
+    checks = _engine_checks(cand) + tree_checks + judged.checks
+    failed = [c.name for c in checks if not c.passed]
+    snaps = setup.snaps
+    hashes = Hashes(candidate_tree=snaps["candidate"].sha256, reference_tree=snaps["vanilla"].sha256,
+                    parent_tree=snaps["parent"].sha256 if "parent" in snaps else None,
+                    snapshots=setup.snapshot_ids, trees_unchanged=unchanged,
+                    evaluator_source=evaluator_source_sha256(), workloads_manifest=wl.manifest_digest,
+                    workloads=wl.digest(), thresholds=_sha(config.thresholds.model_dump_json()),
+                    config=_sha(config.model_dump_json()))
+    return GateResult(
+        verdict="fail" if failed else "pass", failed_checks=failed, checks=checks, calibration=judged.calibration,
+        speed=judged.speed, hashes=hashes, isolation=_isolation_record(config, setup.isolation), model=config.model,
+        model_dir=str(setup.model_dir), device=setup.device, candidate=str(snaps["candidate"].source),
+        reference=str(snaps["vanilla"].source),
+        parent=str(snaps["parent"].source) if "parent" in snaps else None,
+        engine_stats={k: v for k, v in judged.stats.items() if isinstance(v, dict)}, counts=judged.counts,
+        timings_s={k: round(v, 3) for k, v in timings.items()}, started_at=started,
+        wall_s=round(time.monotonic() - t0, 3), config=config.model_dump(mode="json"))
 
 
 def run_dev_benchmark(config: GateConfig) -> DevBenchmarkResult:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -112,135 +113,177 @@ def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[Engin
         raise RuntimeError(f"engine processes still running after close: {left}")
 
 
+@dataclass
+class _Gathered:
+    """What the phases of one post-validation gather, engine by engine and phase by phase; turned into the result
+    (_assemble) only once every engine process is gone."""
+    plan: Plan
+    started: dt.datetime = field(init=False, default_factory=lambda: dt.datetime.now(dt.timezone.utc))
+    t0: float = field(init=False, default_factory=time.perf_counter)
+    opts: dict = field(init=False)
+    notes: list[str] = field(init=False)
+    info: dict[EngineName, EngineInfo] = field(init=False)
+    device: str = field(init=False)  # the configured one until vanilla reports its own
+    contexts: list[int] = field(default_factory=list)  # each phase's context: the smaller engine's max_seq_len
+    items: list[ItemOutcome] = field(default_factory=list)
+    accuracy: list[AccuracySummary] = field(default_factory=list)
+    buckets: list = field(default_factory=list)
+    speed: list[SpeedComparison] = field(default_factory=list)
+    workloads: list[SpeedComparison] = field(default_factory=list)
+    bandwidth: BandwidthInfo | None = None
+    meter: EnergyMeter | None = None
+    pools: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        c = self.plan.config
+        self.opts = self.plan.engine_options()
+        self.notes = list(self.plan.notes)
+        self.info = {n: EngineInfo(engine_dir=str(d), stats={}) for n, d in (("candidate", c.engine_dir),
+                                                                               ("vanilla", c.vanilla_dir))}
+        self.device = c.device
+
+    def record_build(self, phase: str, built: dict, build_s: dict[EngineName, float]) -> int:
+        """A phase's engines are built: their build time and first stats; returns the phase's context. The first
+        phase also fixes the device (vanilla's word: the candidate's is untrusted) and its notes."""
+        c = self.plan.config
+        for n in ENGINES:
+            self.info[n].build_s[phase] = round(build_s[n], 2)
+            if not self.info[n].stats:
+                self.info[n].stats = _stats_of(built[n])
+        stats = {n: _stats_of(built[n]) for n in ENGINES}
+        context = min(_int_stat(stats[n], "max_seq_len", self.opts["max_seq_len"]) for n in ENGINES)
+        self.contexts.append(context)
+        if len(self.contexts) == 1:
+            self.device = str(stats["vanilla"].get("device", c.device))
+            if self.device == "cpu" and c.cpu_threads is None:
+                self.notes.append("CPU engines run multi-threaded: their timings swing with any other load on the "
+                                  "machine; --cpu-threads 1 gives steadier ratios")
+            baseline = baseline_attention(stats["vanilla"], self.device)
+            if baseline:
+                self.notes.append(baseline)
+        log.info("%s engines built on %s, context %d", phase, self.device, context)
+        return context
+
+    def record_after(self, engines: dict) -> None:
+        """The engines' last stats, before their phase closes them."""
+        for n in ENGINES:
+            self.info[n].stats = {**self.info[n].stats, "after": _stats_of({"stats": engines[n].stats()})}
+
+
 def measure(plan: Plan) -> PostValResult:
+    c = plan.config
+    run = _Gathered(plan)
+    # 1. accuracy: its own processes, closed before anything is timed
+    if plan.gsm8k_items or plan.retrieval_items:
+        _accuracy_phase(plan, run)
+    # 2. speed: fresh processes; each timed prompt new to its process; one engine running at a time
+    if c.speed_requests or plan.dev or plan.heldout:
+        _speed_phase(plan, run)
+    # 3. every engine process is gone: only now is anything assembled (and later written)
+    return _assemble(plan, run)
+
+
+def _accuracy_phase(plan: Plan, run: _Gathered) -> None:
+    """Both engines answer every accuracy prompt (GSM8K, retrieval); the items are scored and summarized."""
+    with engine_pair(plan, "accuracy") as (engines, built, build_s):
+        context = run.record_build("accuracy", built, build_s)
+        if plan.gsm8k_items:
+            run.items += _accuracy_task(plan, run, engines, context, "gsm8k", plan.gsm8k_items, plan.gsm8k_prompts,
+                                        plan.gsm8k_max_new_tokens, score_gsm8k)
+        if plan.retrieval_items:
+            ret = _accuracy_task(plan, run, engines, context, "retrieval", plan.retrieval_items,
+                                 plan.retrieval_prompts, plan.retrieval_max_new_tokens, score_retrieval_items)
+            run.items += ret
+            run.buckets = bucket_accuracy(plan.retrieval_items, ret)
+        run.record_after(engines)
+
+
+def _accuracy_task(plan: Plan, run: _Gathered, engines: dict, context: int, name: str, all_items: list,
+                   all_prompts: list[list[int]], max_new: int, score) -> list:
+    """All prompts of a task in one call per engine; prompts over the context are skipped, counted."""
+    keep = [i for i, p in enumerate(all_prompts) if fits(p, context)]
+    its, prompts = [all_items[i] for i in keep], [all_prompts[i] for i in keep]
+    outs = _answer(plan, engines, prompts, max_new) if prompts else {n: [] for n in ENGINES}
+    scored = [o for n in ENGINES for o in score(n, its, prompts, outs[n])]
+    skipped = len(all_items) - len(keep)
+    run.accuracy.append(summarize_accuracy(name, scored, skipped, plan.config.flag_points))
+    log.info("%s: %d items answered by both engines (%.0f s so far)", name, len(prompts), time.perf_counter() - run.t0)
+    if skipped:
+        run.notes.append(f"{name}: {skipped} of {len(all_items)} prompts exceed the context ({context} tokens) and "
+                         f"were skipped")
+    return scored
+
+
+def _answer(plan: Plan, engines: dict, prompts: list[list[int]], max_new: int) -> dict[EngineName, list[Output]]:
+    """Greedy, EOS on, every prompt in one generate call per engine; untimed, so both engines work at once."""
+    from ..engine_host.client import Sampling
+
+    s = Sampling(max_new_tokens=max_new)
+    with ThreadPoolExecutor(2) as pool:
+        raw = dict(zip(ENGINES, pool.map(lambda n: engines[n].generate(prompts, s), ENGINES), strict=True))
+    return {n: _decoded(plan, engines[n], raw[n], len(prompts)) for n in ENGINES}
+
+
+def _speed_phase(plan: Plan, run: _Gathered) -> None:
+    """Fresh engine processes (none saw an accuracy prompt) time the speed plan's sets under the gate's rules."""
     from ..engine_host.client import Sampling
 
     c = plan.config
-    started = dt.datetime.now(dt.timezone.utc)
-    t0 = time.perf_counter()
-    notes: list[str] = list(plan.notes)
-    opts = plan.engine_options()
-    info = {n: EngineInfo(engine_dir=str(d), stats={}) for n, d in (("candidate", c.engine_dir),
-                                                                      ("vanilla", c.vanilla_dir))}
-    contexts: list[int] = []
-    device = c.device
-    items: list[ItemOutcome] = []
-    accuracy: list[AccuracySummary] = []
-    buckets: list = []
-    speed: list[SpeedComparison] = []
-    workloads: list[SpeedComparison] = []
-    bandwidth = None
-    meter: EnergyMeter | None = None
-    pools: list = []
-
-    def record(phase: str, built: dict, build_s: dict[EngineName, float]) -> int:
-        nonlocal device
-        for n in ENGINES:
-            info[n].build_s[phase] = round(build_s[n], 2)
-            if not info[n].stats:
-                info[n].stats = _stats_of(built[n])
-        stats = {n: _stats_of(built[n]) for n in ENGINES}
-        context = min(_int_stat(stats[n], "max_seq_len", opts["max_seq_len"]) for n in ENGINES)
-        contexts.append(context)
-        if len(contexts) == 1:
-            device = str(stats["vanilla"].get("device", c.device))  # vanilla's word: the candidate's is untrusted
-            if device == "cpu" and c.cpu_threads is None:
-                notes.append("CPU engines run multi-threaded: their timings swing with any other load on the "
-                             "machine; --cpu-threads 1 gives steadier ratios")
-            baseline = baseline_attention(stats["vanilla"], device)
-            if baseline:
-                notes.append(baseline)
-        log.info("%s engines built on %s, context %d", phase, device, context)
-        return context
-
-    def finish(engines: dict) -> None:
-        for n in ENGINES:
-            info[n].stats = {**info[n].stats, "after": _stats_of({"stats": engines[n].stats()})}
-
-    # ---- 1. accuracy: its own processes, closed before anything is timed ---------------------------------------
-    if plan.gsm8k_items or plan.retrieval_items:
-        with engine_pair(plan, "accuracy") as (engines, built, build_s):
-            context = record("accuracy", built, build_s)
-
-            def answer(prompts: list[list[int]], max_new: int) -> dict[EngineName, list[Output]]:
-                s = Sampling(max_new_tokens=max_new)  # greedy, EOS on
-                with ThreadPoolExecutor(2) as pool:  # untimed: both engines work at once
-                    raw = dict(zip(ENGINES, pool.map(lambda n: engines[n].generate(prompts, s), ENGINES),
-                                   strict=True))
-                return {n: _decoded(plan, engines[n], raw[n], len(prompts)) for n in ENGINES}
-
-            def task(name: str, all_items: list, all_prompts: list[list[int]], max_new: int, score) -> list:
-                """All prompts of a task in one call per engine; prompts over the context are skipped, counted."""
-                keep = [i for i, p in enumerate(all_prompts) if fits(p, context)]
-                its, prompts = [all_items[i] for i in keep], [all_prompts[i] for i in keep]
-                outs = answer(prompts, max_new) if prompts else {n: [] for n in ENGINES}
-                scored = [o for n in ENGINES for o in score(n, its, prompts, outs[n])]
-                skipped = len(all_items) - len(keep)
-                accuracy.append(summarize_accuracy(name, scored, skipped, c.flag_points))
-                log.info("%s: %d items answered by both engines (%.0f s so far)", name, len(prompts),
-                         time.perf_counter() - t0)
-                if skipped:
-                    notes.append(f"{name}: {skipped} of {len(all_items)} prompts exceed the context "
-                                 f"({context} tokens) and were skipped")
-                return scored
-
-            if plan.gsm8k_items:
-                items += task("gsm8k", plan.gsm8k_items, plan.gsm8k_prompts, plan.gsm8k_max_new_tokens,
-                              score_gsm8k)
-            if plan.retrieval_items:
-                ret = task("retrieval", plan.retrieval_items, plan.retrieval_prompts, plan.retrieval_max_new_tokens,
-                           score_retrieval_items)
-                items += ret
-                buckets = bucket_accuracy(plan.retrieval_items, ret)
-            finish(engines)
-
-    # ---- 2. speed: fresh processes; each timed prompt new to its process; one engine running at a time -------
-    if c.speed_requests or plan.dev or plan.heldout:
-        with engine_pair(plan, "speed") as (engines, built, build_s):
-            context = record("speed", built, build_s)
-            sp = speed_plan(plan, min(contexts))
-            notes += sp.notes
-            pools = sp.pools
-            if "accuracy" in info["vanilla"].build_s:
-                acc = max(info[n].build_s["accuracy"] for n in ENGINES)
-                notes.append(f"speed phase: fresh engine processes (none of them saw an accuracy prompt), started "
+    with engine_pair(plan, "speed") as (engines, built, build_s):
+        context = run.record_build("speed", built, build_s)
+        sp = speed_plan(plan, min(run.contexts))
+        run.notes += sp.notes
+        run.pools = sp.pools
+        if "accuracy" in run.info["vanilla"].build_s:  # what the fresh processes cost on top of the first build
+            acc = max(run.info[n].build_s["accuracy"] for n in ENGINES)
+            run.notes.append(f"speed phase: fresh engine processes (none of them saw an accuracy prompt), started "
                              f"and built in {max(build_s.values()):.1f} s (candidate {build_s['candidate']:.1f} s, "
                              f"vanilla {build_s['vanilla']:.1f} s) on top of the accuracy phase's {acc:.1f} s")
-            meter = EnergyMeter(device)
-            idle = GpuIdle(device)
-            if sp.sets:
-                bandwidth, bound = _bandwidth(plan, built, device, notes)
-                rules = timed_rules(c, *_stop_scale(plan, built["vanilla"]), plan.vocab_size, context)
-                timed, cpu = time_sets(engines, sp.speed + sp.workloads, Sampling, lambda ts: _time_set(
-                    engines, ts, meter, idle, bound, Sampling, rules))
-                speed, workloads = timed[:len(sp.speed)], timed[len(sp.speed):]
-                notes.append(f"timed engine processes shared CPU {cpu} (warm-ups ran unpinned)" if cpu is not None
+        meter = run.meter = EnergyMeter(run.device)
+        idle = GpuIdle(run.device)
+        if sp.sets:
+            run.bandwidth, bound = _bandwidth(plan, built, run.device, run.notes)
+            rules = timed_rules(c, *_stop_scale(plan, built["vanilla"]), plan.vocab_size, context)
+            timed, cpu = time_sets(engines, sp.speed + sp.workloads, Sampling, lambda ts: _time_set(
+                engines, ts, meter, idle, bound, Sampling, rules))
+            run.speed, run.workloads = timed[:len(sp.speed)], timed[len(sp.speed):]
+            run.notes.append(f"timed engine processes shared CPU {cpu} (warm-ups ran unpinned)" if cpu is not None
                              else "engine processes could not be pinned to one CPU: timings more exposed to CPU "
                                   "placement")
-                notes.append("while one engine was timed or warmed up, the other's whole sandbox was frozen (and on "
+            run.notes.append("while one engine was timed or warmed up, the other's whole sandbox was frozen (and on "
                              "a GPU, each timed pass started once the device was idle)")
-            finish(engines)
+        run.record_after(engines)
 
-    # ---- 3. every engine process is gone: only now is anything assembled and written -------------------------
-    context = min(contexts) if contexts else plan.context
-    meter = meter or EnergyMeter(device)
+
+def _assemble(plan: Plan, run: _Gathered) -> PostValResult:
+    """The result: what the phases gathered, the notes only the whole run can tell, and the flags."""
+    c = plan.config
+    context = min(run.contexts) if run.contexts else plan.context
+    meter = run.meter or EnergyMeter(run.device)
+    notes = run.notes
     if any(plan.vocab_size <= t for s in plan.shapes for t in s.token_ids):
         notes.append(f"held-out shape token ids folded into the model's vocabulary ({plan.vocab_size})")
-    for comp in speed + workloads:
+    for comp in run.speed + run.workloads:
         if comp.ignore_eos and comp.vanilla.output_lengths.min < comp.max_new_tokens:
             notes.append(f"{comp.workload}/{comp.mode}: some requests were cut at the context ({context} "
                          f"tokens) before {comp.max_new_tokens} new tokens")
+    return PostValResult(
+        config=c, model_dir=str(plan.model_dir), started_at=run.started.isoformat(timespec="seconds"),
+        wall_s=time.perf_counter() - run.t0, context_tokens=context, engines=run.info, device=run.device,
+        accuracy=run.accuracy, retrieval_buckets=run.buckets, speed=run.speed, workloads=run.workloads,
+        bandwidth=run.bandwidth, energy_available=meter.available, energy_note=meter.note,
+        flags=_flags(c, run.accuracy, run.speed + run.workloads), notes=notes, items=run.items,
+        prompt_pools=run.pools, prompt_nonce=plan.prompt_nonce)
+
+
+def _flags(c: PostValConfig, accuracy: list[AccuracySummary], comps: list[SpeedComparison]) -> list[str]:
+    """Why a reader should not take the result at face value: accuracy beyond the threshold, untrustworthy speed."""
     flags = [f"{a.task}: candidate {a.candidate_acc:.1f}% vs vanilla {a.vanilla_acc:.1f}% "
              f"({a.delta_points:+.1f} points, beyond ±{c.flag_points:g})" for a in accuracy if a.flagged]
     flags += [f"{comp.workload}/{comp.mode}: the candidate's timed outputs disagree with vanilla's "
               f"({'; '.join(comp.timed.reasons)}): its speed figure is not trustworthy"
-              for comp in speed + workloads if comp.timed_flagged]
-    return PostValResult(
-        config=c, model_dir=str(plan.model_dir), started_at=started.isoformat(timespec="seconds"),
-        wall_s=time.perf_counter() - t0, context_tokens=context, engines=info, device=device, accuracy=accuracy,
-        retrieval_buckets=buckets, speed=speed, workloads=workloads, bandwidth=bandwidth,
-        energy_available=meter.available, energy_note=meter.note, flags=flags, notes=notes, items=items,
-        prompt_pools=pools, prompt_nonce=plan.prompt_nonce)
+              for comp in comps if comp.timed_flagged]
+    return flags
 
 
 def _decoded(plan: Plan, engine, raw: Any, n: int) -> list[Output]:
