@@ -56,9 +56,10 @@ def run_variant(engine_dir: Path, lens: list[int], batch_sizes: list[int], sweep
         q = torch.randn(bs, HEADS * HEAD_DIM, generator=g, device=dev).to(dtype)
         for length in lens:
             seq = torch.full((bs,), length, dtype=torch.int32, device=dev)
-            batch = ForwardBatch(True, torch.zeros(bs, dtype=torch.int64, device=dev), seq.long() - 1,
-                                 torch.zeros(bs, dtype=torch.int64, device=dev), seq, page_table[:bs],
-                                 torch.arange(bs, device=dev), cuda_graph=True)
+            batch = ForwardBatch(is_decode=True, input_ids=torch.zeros(bs, dtype=torch.int64, device=dev),
+                                 positions=seq.long() - 1, out_slots=torch.zeros(bs, dtype=torch.int64, device=dev),
+                                 seq_lens=seq, page_table=page_table[:bs], logit_rows=torch.arange(bs, device=dev),
+                                 cuda_graph=True)
             attn = TritonAttention(HEADS, KV_HEADS, HEAD_DIM, max_bs, dev)
             qh = q.view(bs, HEADS, HEAD_DIM)
             err = (attn.decode(0, qh, batch, kv).float() - ref.decode(0, qh, batch, kv).float()).abs().max().item()
