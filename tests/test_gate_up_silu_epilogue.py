@@ -32,38 +32,38 @@ triton_gemv.norm_gemv_silu_mul = lambda *a, **k: fused_calls.append(1) or fused(
 
 g = torch.Generator().manual_seed(0)
 eps, cases = 1e-6, 0
-# (hidden, intermediate, dtypes, with a residual or not, token counts): a tail chunk of K and an intermediate size that is not a multiple of
-# the tile; and a gate-up of 4,096 rows at 8 tokens, whose plain GEMV takes wider tiles with shorter K chunks
-BOTH = (torch.float32, torch.bfloat16)
-CASES = [(64, 96, BOTH, (False, True), (1, 3, 8, 9)),  # 9: above GEMV_MAX_TOKENS, E0's kernels
-         (200, 37, BOTH, (False, True), (1, 3, 8, 9)),
-         (1024, 2048, (torch.bfloat16,), (True,), (8,))]
-for hidden, inter, dtypes, residuals, counts in CASES:
-    for dtype in dtypes:
-        for with_residual in residuals:
-            for tokens in counts:
-                x = torch.randn(tokens, hidden, generator=g).to(dtype)
-                res = torch.randn(tokens, hidden, generator=g).to(dtype) if with_residual else None
-                nw = (torch.rand(hidden, generator=g) + 0.5).to(dtype)
-                gate_up = (torch.randn(2 * inter, hidden, generator=g) * 0.2).to(dtype)
-                down = (torch.randn(hidden, inter, generator=g) * 0.2).to(dtype)
-                # E0's add-RMSNorm above 8 tokens works in place: each path gets its own copies
-                fresh = lambda: (x.clone(), res.clone() if res is not None else None)
-                # what the candidate's prerequisite does: gate | up out of the GEMV, SiLU-and-mul in the down GEMV
-                y, want_res = triton_ops.norm_linear(*fresh(), nw, eps, gate_up)
-                want_act = triton_ops.silu_and_mul(y) if tokens > 8 else torch_ops.silu_and_mul(y)
-                want_out = triton_ops.silu_mul_linear(y, down)
-                act, got_res = triton_ops.norm_linear_silu_mul(*fresh(), nw, eps, gate_up)
-                out = triton_ops.linear(act, down)
-                # exact: the down projection's input is the value its SiLU prologue computed before
-                for name, a, b in (("residual", got_res, want_res), ("down output", out, want_out)):
-                    assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), \
-                        (hidden, inter, dtype, with_residual, tokens, name, (a.float() - b.float()).abs().max())
-                # torch's silu and x * sigmoid(x) may round silu(gate) one ulp apart, and the product after it
-                rtol = 1e-6 if dtype == torch.float32 else 2 ** -6
-                assert torch.allclose(act.float(), want_act.float(), rtol=rtol, atol=1e-6), (dtype, tokens)
-                cases += 1
-assert len(fused_calls) == cases - 8  # every case of up to 8 tokens took the fused GEMV
+# (hidden, intermediate): a tail chunk of K and an intermediate size that is not a multiple of the tile. Per shape,
+# each token count (9: above GEMV_MAX_TOKENS, E0's kernels) once, each dtype with and without a residual, not the
+# whole product: every launch costs the interpreter about half a second. Qwen3-0.6B's shapes, whose plain gate-up
+# GEMV takes wider tiles, are checked on the GPU (tests/gpu/test_gate_up_silu_epilogue.py).
+F32, BF16 = torch.float32, torch.bfloat16
+COMBOS = [(F32, False, 1), (BF16, True, 3), (F32, True, 8), (BF16, False, 9)]
+expected_fused = 0
+for hidden, inter in [(64, 96), (200, 37)]:
+    for dtype, with_residual, tokens in COMBOS:
+        x = torch.randn(tokens, hidden, generator=g).to(dtype)
+        res = torch.randn(tokens, hidden, generator=g).to(dtype) if with_residual else None
+        nw = (torch.rand(hidden, generator=g) + 0.5).to(dtype)
+        gate_up = (torch.randn(2 * inter, hidden, generator=g) * 0.2).to(dtype)
+        down = (torch.randn(hidden, inter, generator=g) * 0.2).to(dtype)
+        # E0's add-RMSNorm above 8 tokens works in place: each path gets its own copies
+        fresh = lambda: (x.clone(), res.clone() if res is not None else None)
+        # what the candidate's prerequisite does: gate | up out of the GEMV, SiLU-and-mul in the down GEMV
+        y, want_res = triton_ops.norm_linear(*fresh(), nw, eps, gate_up)
+        want_act = triton_ops.silu_and_mul(y) if tokens > 8 else torch_ops.silu_and_mul(y)
+        want_out = triton_ops.silu_mul_linear(y, down)
+        act, got_res = triton_ops.norm_linear_silu_mul(*fresh(), nw, eps, gate_up)
+        out = triton_ops.linear(act, down)
+        # exact: the down projection's input is the value its SiLU prologue computed before
+        for name, a, b in (("residual", got_res, want_res), ("down output", out, want_out)):
+            assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), \
+                (hidden, inter, dtype, with_residual, tokens, name, (a.float() - b.float()).abs().max())
+        # torch's silu and x * sigmoid(x) may round silu(gate) one ulp apart, and the product after it
+        rtol = 1e-6 if dtype == torch.float32 else 2 ** -6
+        assert torch.allclose(act.float(), want_act.float(), rtol=rtol, atol=1e-6), (dtype, tokens)
+        cases += 1
+        expected_fused += tokens <= 8
+assert len(fused_calls) == expected_fused  # every case of up to 8 tokens took the fused GEMV
 print(f"cases {cases}")
 '''
 
@@ -74,4 +74,4 @@ def test_gate_up_gemv_returns_the_activation_of_gemv_then_silu_and_mul(tmp_path)
     assert t.prerequisites == ("triton-gemv",)
     candidate = build_candidate(tmp_path / "candidate", with_prerequisites(t))
     out = run_interpreted(CHECK, candidate, tmp_path, timeout_s=600)
-    assert "cases 33" in out
+    assert "cases 8" in out
