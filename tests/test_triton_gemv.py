@@ -83,6 +83,10 @@ def _child(engine_dir: str, out: str) -> None:
     eps = 1e-6
     dtypes = (torch.float32, torch.bfloat16)
 
+    def each(items):
+        """Both dtypes over the items, one per item: every launch costs the interpreter dearly."""
+        return [(dtypes[i % 2], item) for i, item in enumerate(items)]
+
     def close(got, want, dtype, what):
         # float32: accumulation order only. bf16: both sides round a float32 sum once, so at most about one
         # bf16 ulp apart (rtol 2**-7), plus a rare ulp flip of a normalized input when rstd's last bit differs.
@@ -101,89 +105,81 @@ def _child(engine_dir: str, out: str) -> None:
     realistic = [(3, 1024, 24)]
 
     def case_gemv():
-        for dtype in dtypes:
-            for m, k, n in small + [(1, 2048, 12)]:
-                x, _, _, w = data(m, k, n, dtype)
-                close(triton_gemv.gemv(x, w), F.linear(x, w), dtype, f"gemv {dtype} {m, k, n}")
+        for dtype, (m, k, n) in each(small + [(1, 2048, 12)]):
+            x, _, _, w = data(m, k, n, dtype)
+            close(triton_gemv.gemv(x, w), F.linear(x, w), dtype, f"gemv {dtype} {m, k, n}")
 
     def case_norm_first():
-        for dtype in dtypes:
-            for m, k, n in small + realistic:
-                x, _, nw, w = data(m, k, n, dtype)
-                y, res = triton_gemv.norm_gemv(x, None, nw, eps, w)
-                close(y, F.linear(torch_ops.rmsnorm(x, nw, eps), w), dtype, f"rmsnorm gemv {dtype} {m, k, n}")
-                assert res is x
+        for dtype, (m, k, n) in each(small + realistic):
+            x, _, nw, w = data(m, k, n, dtype)
+            y, res = triton_gemv.norm_gemv(x, None, nw, eps, w)
+            close(y, F.linear(torch_ops.rmsnorm(x, nw, eps), w), dtype, f"rmsnorm gemv {dtype} {m, k, n}")
+            assert res is x
 
     def case_norm_add():
-        for dtype in dtypes:
-            for m, k, n in small + realistic:
-                x, r, nw, w = data(m, k, n, dtype)
-                x0, r0 = x.clone(), r.clone()
-                h, ref_res = torch_ops.add_rmsnorm(x, r, nw, eps)
-                y, res = triton_gemv.norm_gemv(x, r, nw, eps, w)
-                close(y, F.linear(h, w), dtype, f"add-rmsnorm gemv {dtype} {m, k, n}")
-                assert torch.equal(res, ref_res), f"residual {dtype} {m, k, n}"
-                assert torch.equal(x, x0) and torch.equal(r, r0), "inputs must stay untouched (out of place)"
+        for dtype, (m, k, n) in each(realistic + small):
+            x, r, nw, w = data(m, k, n, dtype)
+            x0, r0 = x.clone(), r.clone()
+            h, ref_res = torch_ops.add_rmsnorm(x, r, nw, eps)
+            y, res = triton_gemv.norm_gemv(x, r, nw, eps, w)
+            close(y, F.linear(h, w), dtype, f"add-rmsnorm gemv {dtype} {m, k, n}")
+            assert torch.equal(res, ref_res), f"residual {dtype} {m, k, n}"
+            assert torch.equal(x, x0) and torch.equal(r, r0), "inputs must stay untouched (out of place)"
 
     def case_norm_bias():
-        for dtype in dtypes:
-            for m, k, n in small[:2]:
-                x, r, nw, w = data(m, k, n, dtype)
-                b = torch.randn(n).to(dtype)
-                h, _ = torch_ops.add_rmsnorm(x, r, nw, eps)
-                y, _ = triton_gemv.norm_gemv(x, r, nw, eps, w, b)
-                close(y, F.linear(h, w, b), dtype, f"biased gemv {dtype} {m, k, n}")
-                y, _ = triton_gemv.norm_gemv(x, None, nw, eps, w, b)
-                close(y, F.linear(torch_ops.rmsnorm(x, nw, eps), w, b), dtype, f"biased first {dtype} {m, k, n}")
+        for dtype, (m, k, n) in each(small[:2]):
+            x, r, nw, w = data(m, k, n, dtype)
+            b = torch.randn(n).to(dtype)
+            h, _ = torch_ops.add_rmsnorm(x, r, nw, eps)
+            y, _ = triton_gemv.norm_gemv(x, r, nw, eps, w, b)
+            close(y, F.linear(h, w, b), dtype, f"biased gemv {dtype} {m, k, n}")
+            y, _ = triton_gemv.norm_gemv(x, None, nw, eps, w, b)
+            close(y, F.linear(torch_ops.rmsnorm(x, nw, eps), w, b), dtype, f"biased first {dtype} {m, k, n}")
 
     def case_silu():
-        for dtype in dtypes:
-            for m, k, n in small + [(1, 3072, 8)]:
-                gu = torch.randn(m, 2 * k).to(dtype)
-                w = (torch.randn(n, k) / k ** 0.5).to(dtype)
-                close(triton_gemv.silu_mul_gemv(gu, w), F.linear(torch_ops.silu_and_mul(gu), w), dtype,
-                      f"silu-mul gemv {dtype} {m, k, n}")
+        for dtype, (m, k, n) in each(small + [(1, 3072, 8)]):
+            gu = torch.randn(m, 2 * k).to(dtype)
+            w = (torch.randn(n, k) / k ** 0.5).to(dtype)
+            close(triton_gemv.silu_mul_gemv(gu, w), F.linear(torch_ops.silu_and_mul(gu), w), dtype,
+                  f"silu-mul gemv {dtype} {m, k, n}")
 
     def case_lm_head():
-        for dtype in dtypes:
-            for rows in ([10, 3, 0], [0], list(range(8)), [4, 4]):
-                x, r, nw, w = data(None, 48, 77, dtype, rows=11)
-                idx = torch.tensor(rows)
-                ref = torch_ops.norm_linear_rows(x, r, idx, nw, eps, w)
-                want = F.linear(torch_ops.add_rmsnorm(x, r, nw, eps)[0].index_select(0, idx), w)
-                assert torch.equal(ref, want), "torch norm_linear_rows must be E0's sequence"
-                x0, r0 = x.clone(), r.clone()
-                close(triton_ops.norm_linear_rows(x, r, idx, nw, eps, w), want, dtype, f"lm_head {dtype} {rows}")
-                assert torch.equal(x, x0) and torch.equal(r, r0), f"lm_head {rows} changed its inputs"
+        for dtype, rows in each(([10, 3, 0], [0], list(range(8)), [4, 4])):
+            x, r, nw, w = data(None, 48, 77, dtype, rows=11)
+            idx = torch.tensor(rows)
+            ref = torch_ops.norm_linear_rows(x, r, idx, nw, eps, w)
+            want = F.linear(torch_ops.add_rmsnorm(x, r, nw, eps)[0].index_select(0, idx), w)
+            assert torch.equal(ref, want), "torch norm_linear_rows must be E0's sequence"
+            x0, r0 = x.clone(), r.clone()
+            close(triton_ops.norm_linear_rows(x, r, idx, nw, eps, w), want, dtype, f"lm_head {dtype} {rows}")
+            assert torch.equal(x, x0) and torch.equal(r, r0), f"lm_head {rows} changed its inputs"
 
     def case_tiles():
         # Tails in N and K with several K chunks, under explicit tiles (as the benchmark's sweep sets them).
-        for dtype in dtypes:
+        for dtype, (block_n, block_k, warps) in each(((8, 32, 4), (16, 64, 2), (4, 128, 8), (8, 64, 4))):
             x, r, nw, w = data(3, 100, 45, dtype)
             h, _ = torch_ops.add_rmsnorm(x, r, nw, eps)
-            for block_n, block_k, warps in ((8, 32, 4), (16, 64, 2), (4, 128, 8)):
-                tile = dict(block_n=block_n, block_k=block_k, num_warps=warps)
-                y, res = triton_gemv.norm_gemv(x, r, nw, eps, w, **tile)
-                close(y, F.linear(h, w), dtype, f"tiles {tile} {dtype}")
-                assert torch.equal(res, x + r)
-                close(triton_gemv.gemv(x, w, **tile), F.linear(x, w), dtype, f"plain tiles {tile}")
+            tile = dict(block_n=block_n, block_k=block_k, num_warps=warps)
+            y, res = triton_gemv.norm_gemv(x, r, nw, eps, w, **tile)
+            close(y, F.linear(h, w), dtype, f"tiles {tile} {dtype}")
+            assert torch.equal(res, x + r)
+            close(triton_gemv.gemv(x, w, **tile), F.linear(x, w), dtype, f"plain tiles {tile}")
         assert triton_gemv.tiles(1, 151936, 1024)[1:3] == (4, 1024)  # the swept H200 tiles
         assert all(-(-n // triton_gemv.tiles(1, n, k)[1]) >= 256  # programs at Qwen3-0.6B's shapes
                    for n, k in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)))
 
     def case_dispatch():
         # triton_ops' entry points: <= GEMV_MAX_TOKENS rows fused, more rows E0's kernels + F.linear.
-        for dtype in dtypes:
-            for m in (2, triton_gemv.GEMV_MAX_TOKENS + 1):
-                x, r, nw, w = data(m, 64, 40, dtype)
-                h, ref_res = torch_ops.add_rmsnorm(x, r, nw, eps)
-                y, res = triton_ops.norm_linear(x.clone(), r.clone(), nw, eps, w)
-                close(y, F.linear(h, w), dtype, f"norm_linear m={m}")
-                assert torch.equal(res, ref_res)
-                gu = torch.randn(m, 80).to(dtype)
-                close(triton_ops.silu_mul_linear(gu, w[:, :40]), F.linear(torch_ops.silu_and_mul(gu), w[:, :40]),
-                      dtype, f"silu_mul_linear m={m}")
-                close(triton_ops.linear(x, w), F.linear(x, w), dtype, f"linear m={m}")
+        for dtype, m in each((2, triton_gemv.GEMV_MAX_TOKENS + 1, 3, triton_gemv.GEMV_MAX_TOKENS + 2)):
+            x, r, nw, w = data(m, 64, 40, dtype)
+            h, ref_res = torch_ops.add_rmsnorm(x, r, nw, eps)
+            y, res = triton_ops.norm_linear(x.clone(), r.clone(), nw, eps, w)
+            close(y, F.linear(h, w), dtype, f"norm_linear m={m}")
+            assert torch.equal(res, ref_res)
+            gu = torch.randn(m, 80).to(dtype)
+            close(triton_ops.silu_mul_linear(gu, w[:, :40]), F.linear(torch_ops.silu_and_mul(gu), w[:, :40]),
+                  dtype, f"silu_mul_linear m={m}")
+            close(triton_ops.linear(x, w), F.linear(x, w), dtype, f"linear m={m}")
 
     def case_model():
         # tiny-qwen3 (fp32): E0's torch ops vs the candidate's triton ops (every kernel interpreted) in one engine.
@@ -198,8 +194,10 @@ def _child(engine_dir: str, out: str) -> None:
         prompts = [[5, 17, 33, 100], [9] * 9]
 
         def run():
-            gens = [g.token_ids for g in eng.generate(prompts, E.SamplingParams(max_new_tokens=3, ignore_eos=True))]
-            single = eng.generate([[200, 7, 1, 2]], E.SamplingParams(max_new_tokens=2, ignore_eos=True))[0]
+            # one decode step at batch 2 after the prefill, and the 4-token prompt's prefill alone: each launch
+            # costs the interpreter about half a second
+            gens = [g.token_ids for g in eng.generate(prompts, E.SamplingParams(max_new_tokens=2, ignore_eos=True))]
+            single = eng.generate([[200, 7, 1, 2]], E.SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
             return gens, single.token_ids, eng.score(prompts[:1], gens[:1], top_k=3)
 
         ref = run()
