@@ -30,10 +30,10 @@ def every_request_ignore_eos(root: Path) -> Path:
     return root
 
 
-# What the quick gate runs besides the EOS probes' sources and budgets (sampling semantics, stop ids, long contexts,
-# late positions) has no bearing on which probes are mined (the dev/held-out outputs, the chat questions and the
-# prompt cap stay the same) and takes most of its time on this CPU: 11 minutes in all, against about 2 without.
-QUICK_WITHOUT_UNRELATED = {"n_sampling_prompts": 0, "n_stop": 0, "n_long": 0, "late_tokens": 0}
+# What a gate runs besides the EOS probes' sources and budgets (sampling semantics, stop ids, long contexts, late
+# positions) has no bearing on which probes are mined (the dev/held-out outputs, the chat questions and the prompt
+# cap stay the same) and takes most of its time on this CPU (the quick gate: 11 minutes in all, about 2 without).
+WITHOUT_UNRELATED = {"n_sampling_prompts": 0, "n_stop": 0, "n_long": 0, "late_tokens": 0}
 
 
 def smollm2_gate(size: str, prepared: Path, candidate: Path, trim: dict | None = None) -> GateResult:
@@ -53,12 +53,12 @@ def _by_name(result: GateResult) -> dict:
 
 
 # Each size: E0 and one EOS-ignoring engine (the two ways to ignore EOS look the same to a probe, which asks for
-# EOS on: one way per size). About 2-2.5 minutes per gate on two shared cores.
+# EOS on: one way per size).
 @pytest.mark.slow
 @pytest.mark.parametrize("size, make, trim", [
-    ("smoke", None, None),
-    ("smoke", H.ignore_eos, None),
-    ("quick", every_request_ignore_eos, QUICK_WITHOUT_UNRELATED),  # E0 on the same probes: the smoke-e0 case
+    ("smoke", None, WITHOUT_UNRELATED),
+    ("smoke", H.ignore_eos, WITHOUT_UNRELATED),
+    ("quick", every_request_ignore_eos, WITHOUT_UNRELATED),  # E0 on the same probes: the smoke-e0 case
 ], ids=["smoke-e0", "smoke-never_stops_at_eos", "quick-every_request_ignore_eos"])
 def test_smollm2_eos_probes_catch_an_engine_that_ignores_eos(size: str, make, trim, prepared_dir: Path,
                                                              tmp_path: Path) -> None:
