@@ -46,13 +46,30 @@ def engine_pid() -> Iterator[int]:
 
 
 @pytest.fixture(scope="session")
-def harness():
-    """One Prefect test server for the whole test run (started by the first test that asks for it): every flow
-    run of the suite talks to the same URL, so no client is left pointing at a server an earlier module stopped.
-    Start-up may take long on a busy 2-core machine: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (180 s
-    unless set) instead of Prefect's default."""
+def harness(tmp_path_factory):
+    """One Prefect server for the whole test run (started by the first test that asks for it), on a database of
+    its own: every flow run of the suite talks to the same URL, so no client is left pointing at a server an
+    earlier module stopped. Start-up may take long on a busy 2-core machine: 180 s.
+
+    Not Prefect's prefect_test_harness: on exit it drains every event and log worker of the process without a
+    bound, and one left pointing at a server a test has since stopped (the scale-out tests run flows against
+    servers of their own) never drains, so the suite hung there. Here the drain is bounded, then the server stops."""
     import flows  # noqa: F401  (SEIS's Prefect settings, before the server starts)
-    from prefect.testing.utilities import prefect_test_harness
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    with prefect_test_harness(server_startup_timeout=None):
-        yield
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL,
+                                  PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings)
+
+    db = tmp_path_factory.mktemp("prefect-server") / "prefect.db"
+    with temporary_settings({PREFECT_SERVER_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{db}",
+                             PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 180}):
+        server = SubprocessASGIServer()
+        server.start(timeout=180)
+        try:
+            with temporary_settings({PREFECT_API_URL: server.api_url}):
+                yield server.api_url
+                for worker in (APILogWorker, EventsWorker):
+                    worker.drain_all(timeout=30)
+        finally:
+            server.stop()
