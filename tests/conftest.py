@@ -15,6 +15,19 @@ from seis.engine_import import ENGINE_TEMPLATE, import_engine
 torch.set_num_threads(2)
 
 
+# The test modules that take longest, longest first: with the suite spread over workers a module at a time
+# (pyproject's `-n 3 --dist loadfile`), they start first, so none is left running alone at the end.
+EXPENSIVE_MODULES = ("test_scale_out.py", "test_resume.py", "test_prefect_server.py", "test_flow.py",
+                     "test_adversarial.py", "test_eos_probes.py", "test_postval.py", "test_agent_confinement.py",
+                     "test_evaluator.py", "test_run_states.py", "test_store_failures.py", "test_gate_contract.py",
+                     "test_host_boundary.py", "test_llm_agents.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(EXPENSIVE_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept within a module
+
+
 @pytest.fixture(scope="session")
 def E():
     """The E0 engine package (`engine`), imported from engine_template/."""
