@@ -3,8 +3,10 @@
 Prefect's built-in temporary server is a child in the caller's process group, so Ctrl-C in a terminal (or
 `timeout`, or a supervisor signalling the group) kills the API while the flow is still ending: the run then hangs,
 retrying its GPU-slot lease against a server that is gone. This one is `prefect server start` in a session of its
-own, with its database under the run directory (PREFECT_HOME). It is stopped at interpreter exit, after
-Prefect's own exit handlers have flushed their events to it, and it dies with the run's process if that is killed.
+own, with its home and database under the run directory (`run_home`), whatever PREFECT_HOME or database settings
+the operator's environment holds: those may be a shared server's, and two servers on one database would each
+act on the other's runs and GPU slots. It is stopped at interpreter exit, after Prefect's own exit handlers have
+flushed their events to it, and it dies with the run's process if that is killed.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+# settings that say which database a server opens (PREFECT_SERVER_DATABASE_*; PREFECT_API_DATABASE_* are aliases)
+_DATABASE_KEYS = ("CONNECTION_URL", "DRIVER", "HOST", "PORT", "USER", "PASSWORD", "NAME")
 
 
 class ServerError(RuntimeError):
@@ -64,12 +68,31 @@ class LocalServer:
                 continue
 
 
+def run_home(run_dir: Path) -> Path:
+    """The home of a run's own server: in the run directory, so that a resume opens the same database."""
+    return Path(run_dir) / ".prefect"
+
+
+def database_url(home: Path) -> str:
+    return f"sqlite+aiosqlite:///{Path(home).resolve() / 'prefect.db'}"
+
+
+def server_env(home: Path) -> dict[str, str]:
+    """The server's environment: the caller's, without its API URL or any database setting, with home and its own
+    database file."""
+    database = {f"PREFECT_{scope}_DATABASE_{key}" for scope in ("SERVER", "API") for key in _DATABASE_KEYS}
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL" and k not in database}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_DATABASE_CONNECTION_URL=database_url(home),
+               PREFECT_UI_ENABLED="false", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    return env
+
+
 def start_local_server(home: Path, startup_s: float = 120.0) -> LocalServer:
-    """`prefect server start` on a free loopback port with PREFECT_HOME=home; returns once it answers."""
+    """`prefect server start` on a free loopback port with PREFECT_HOME=home and its database in it; returns once
+    it answers."""
     home.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_HOME=str(home), PREFECT_UI_ENABLED="false", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env = server_env(home)
     log = home / "server.log"
     with log.open("ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",

@@ -7,11 +7,15 @@ calls `apply()` before it imports the flow.
   ("Timed out while attempting to connect to ephemeral Prefect API");
 - its SQLite database waits 60 s for a lock instead of failing with "database is locked";
 - no telemetry or analytics leave the machine (DO_NOT_TRACK for the client, the server's analytics off,
-  Prefect Cloud's orchestration telemetry off).
+  Prefect Cloud's orchestration telemetry off);
+- the temporary server has a database file of its own, `$PREFECT_HOME/seis-ephemeral.db`, unless a database is
+  configured: Prefect's default, `$PREFECT_HOME/prefect.db`, is the one `prefect server start` opens in that home,
+  a shared server's when PREFECT_HOME is its, and two servers on one database act on each other's runs and slots.
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
@@ -23,9 +27,23 @@ DEFAULTS = {
 }
 
 
+EPHEMERAL_DATABASE = "seis-ephemeral.db"
+DATABASE_SETTINGS = tuple(f"PREFECT_{scope}_DATABASE_{key}" for scope in ("SERVER", "API")
+                          for key in ("CONNECTION_URL", "DRIVER", "HOST", "NAME"))
+
+
 def apply() -> None:
     for name, value in DEFAULTS.items():
         os.environ.setdefault(name, value)
+    _own_ephemeral_database()
+
+
+def _own_ephemeral_database() -> None:
+    """Only where a flow would start Prefect's temporary server (no API URL) and no database is configured."""
+    if os.environ.get("PREFECT_API_URL") or any(os.environ.get(name) for name in DATABASE_SETTINGS):
+        return
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser().resolve()
+    os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{home / EPHEMERAL_DATABASE}"
 
 
 class _ThreadTimeoutNotice:

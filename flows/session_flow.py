@@ -8,7 +8,8 @@ environment or job variables) is what its gate, engines and the agent's dev benc
 through), and the gate holds that device's own slot. The session's files, and `worker.json` with who ran it and
 the ref of the engine it retained, go to the run directory, where the orchestrator reads them. The memory
 preflight runs here, on the machine whose memory the gate will use: a session that cannot fit fails with the
-numbers before any work.
+numbers before any work. A session whose flow run is cancelled (by hand, or with its parent run) stops within
+seconds and ends Cancelled (tasks/cancel.py).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from seis.session.display import run_label, run_tags
 from seis.session.preflight import check_gate_memory
 from seis.session.resume import clear
 from seis.store import SnapshotStore
+from tasks.cancel import CancelWatch
 from tasks.cleanup import release_run
 from tasks.gpu import device_limit, ensure_gpu_limit
 from tasks.session import session_task
@@ -43,9 +45,11 @@ def seis_session(request: SessionRequest) -> dict:
     print(f"[{label}] on {worker.worker} (host {worker.host}, device {worker.device or 'not pinned'}, "
           f"store {store_root})")
     reply = SessionReply(chain=request.chain, session=request.session, worker=worker)
-    # Heartbeat: the orchestrator's sign that this worker is still there; a cancellation kills the gate's engines now
-    with Heartbeat(session_dir, flow_run.id), interrupt_on_exit_signal():
-        return _run_session(request, label, store_root, worker, session_dir, reply)
+    # Heartbeat: the orchestrator's sign that this worker is still there. A termination signal kills the gate's
+    # engines now; so does a cancellation, seen by the watcher within seconds even before the worker acts on it.
+    with Heartbeat(session_dir, flow_run.id), interrupt_on_exit_signal(), CancelWatch(flow_run.id) as cancel:
+        answer = _run_session(request, label, store_root, worker, session_dir, reply)
+    return cancel.cancelled_state(f"session {label}") if cancel.requested else answer
 
 
 def _run_session(request: SessionRequest, label: str, store_root: Path, worker: WorkerInfo, session_dir: Path,

@@ -284,8 +284,8 @@ def _prefect_api(run_dir: Path) -> None:
         return
     import atexit
 
-    from flows.local_server import ServerError, start_local_server
-    home = Path(os.environ.get("PREFECT_HOME") or run_dir / ".prefect")
+    from flows.local_server import ServerError, run_home, start_local_server
+    home = run_home(run_dir)  # never the operator's PREFECT_HOME: that may be a shared server's, with its database
     try:
         server = start_local_server(home)
     except ServerError as e:

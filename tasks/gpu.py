@@ -106,34 +106,44 @@ def release_flow_run(flow_run_id: str, logger=None) -> int:
 
 @contextmanager
 def gpu_slot(label: str = "gpu step", limit: str = GPU_LIMIT):
-    """Hold the GPU slot for a build or gate, logging the wait (and who holds the slot meanwhile) so that time
-    queued shows as waiting, not work."""
+    """Hold the GPU slot for a build or gate, logging the wait (and who holds the slot meanwhile: their step and
+    run) so that time queued shows as waiting, not work. A run that is being cancelled never gets the slot
+    (tasks.cancel.RunCancelled)."""
     from prefect import get_run_logger
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.concurrency._leases import maintain_concurrency_lease
-    from prefect.concurrency._sync import (acquire_concurrency_slots_with_lease,
-                                           release_concurrency_slots_with_lease)
+    from prefect.concurrency._sync import release_concurrency_slots_with_lease
     from prefect.runtime import flow_run, task_run
+
+    from .slot_wait import acquire, describe_holder, waiting_line
 
     logger = get_run_logger()
     reg = registry()
-    holders = [lease.label for lease in reg.leases(api_key())]
-    logger.info("waiting for the GPU slot (%s)%s", limit, f"; held by {', '.join(holders)}" if holders else "")
+    holders = [describe_holder(lease, _run_dir_of(reg, lease.flow_run_id)) for lease in reg.leases(api_key())]
+    logger.info(waiting_line(limit, holders))
     t0 = time.monotonic()
     holder = ConcurrencyLeaseHolder(type="task_run", id=task_run.id) if task_run.id else None
-    lease = acquire_concurrency_slots_with_lease([limit], 1, lease_duration=LEASE_S, strict=True,
-                                                 holder=holder)
-    reg.add_lease(str(lease.lease_id), str(flow_run.id), label, api_key())
+    lease = acquire(limit, LEASE_S, flow_run.id, holder)
+    lease_id = str(lease)
+    reg.add_lease(lease_id, str(flow_run.id), label, api_key())
     logger.info("GPU slot acquired after waiting %.1f s", time.monotonic() - t0)
     held = time.monotonic()
     try:
-        with maintain_concurrency_lease(lease.lease_id, LEASE_S, raise_on_lease_renewal_failure=False):
+        with maintain_concurrency_lease(lease, LEASE_S, raise_on_lease_renewal_failure=False):
             yield
     finally:
-        try:
-            release_concurrency_slots_with_lease(lease.lease_id)
-            reg.drop_lease(str(lease.lease_id))
-            logger.info("GPU slot released after %.1f s", time.monotonic() - held)
-        except Exception as e:  # kept in the registry: the flow's hooks or the next run release it
-            logger.warning("the GPU slot could not be released now (%s); it is released by the run's cleanup",
-                           type(e).__name__)
+        if lease_id not in {recorded.lease_id for recorded in reg.leases()}:
+            logger.info("GPU slot released (by the run's cancellation) after %.1f s", time.monotonic() - held)
+        else:
+            try:
+                release_concurrency_slots_with_lease(lease)
+                reg.drop_lease(lease_id)
+                logger.info("GPU slot released after %.1f s", time.monotonic() - held)
+            except Exception as e:  # kept in the registry: the flow's hooks or the next run release it
+                logger.warning("the GPU slot could not be released now (%s); it is released by the run's cleanup",
+                               type(e).__name__)
+
+
+def _run_dir_of(reg: Registry, flow_run_id: str) -> str | None:
+    resources = reg.run(flow_run_id)
+    return resources.run_dir if resources is not None else None

@@ -387,10 +387,14 @@ def kill_all(timeout_s: float = 10.0) -> int:
 
 
 def interrupt() -> int:
-    """This process is being interrupted (Ctrl-C): refuse every new sandbox from now on and kill the running ones.
-    Returns how many were killed."""
+    """This process is being interrupted (Ctrl-C, SIGTERM, its run cancelled): refuse every new sandbox from now on
+    and kill the running ones, then the process groups of every open ProcessScope (dev benchmarks, which build
+    engines of their own). Returns how many sandboxes were killed."""
+    from .scope import close_all
     _INTERRUPTED.set()
-    return kill_all()
+    killed = kill_all()
+    close_all()
+    return killed
 
 
 def interrupted() -> bool:

@@ -2,6 +2,7 @@
 
     runs/<run-id>/
       config.json  status.json  vanilla.json  summary.parquet  summary.md  best.json  timeline.md
+      flow_runs.json  (every attempt's Prefect flow run: id, name, server; a resumed one names the one it continues)
       figures/chain_speedups.png  figures/timeline.png
       postval/  (with post_validate: the best retained engine against vanilla; tables, figures, metrics)
       chains/<chain>/<session>/  workspace/  workspace.diff  report.md  gate.json  agent.json  transcript.jsonl
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from .status import RunStatus, read_status, write_status
 
+ATTEMPTS_FILE = "flow_runs.json"
 SUMMARY_COLUMNS = ["chain", "session", "parent_snapshot", "snapshot", "retained", "verdict", "reasons",
                    "dev_speedup_vs_vanilla", "dev_speedup_vs_parent", "synced_from", "agent", "applied", "adopted",
                    "tokens_in", "tokens_out", "cost_usd", "wall_s"]
@@ -58,6 +60,22 @@ class RunDir:
 
     def set_status(self, state: str, **values) -> RunStatus:
         return write_status(self.root, state, **values)
+
+    # ---- attempts: the flow runs that worked in this directory, oldest first --------------------------------
+    def attempts(self) -> list[dict]:
+        try:
+            attempts = json.loads((self.root / ATTEMPTS_FILE).read_text())
+        except (OSError, ValueError):
+            return []
+        return [a for a in attempts if isinstance(a, dict) and a.get("flow_run_id")] if isinstance(attempts, list) \
+            else []
+
+    def record_attempt(self, attempt: dict) -> None:
+        """Append one attempt (written whole and atomically: only the flow holding the run's lock writes it)."""
+        path = self.root / ATTEMPTS_FILE
+        part = path.with_name(path.name + ".part")
+        part.write_text(json.dumps([*self.attempts(), attempt], indent=2) + "\n")
+        part.replace(path)
 
     def lock(self):
         """Held by the one flow working in this directory (released by the OS if its process dies)."""

@@ -1,0 +1,270 @@
+"""Cancelling a run stops it within seconds: the slot acquisition refuses a cancelled run (before and while it waits),
+the cancellation watcher kills the run's process groups, releases its GPU slots and cancels its child session flow
+runs, and a flow whose run is cancelled ends Cancelled with nothing left running and no queued gate served.
+A slot's wait names the holder's run too. Everything against the module's Prefect test server: about 20 s on 2
+cores besides the server's start (the end-to-end flow, in a subprocess, 6 to 12 s of it)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+import flows  # noqa: F401  (SEIS's Prefect settings, before the test server starts)
+
+LIMIT = "seis-gpu-test-cancel"
+
+
+@pytest.fixture
+def home(harness, tmp_path, monkeypatch):
+    """A Prefect home of the test's own (the lease registry lives there), and a process not yet interrupted."""
+    import seis.sandbox.process as process
+    from prefect.settings import PREFECT_HOME, temporary_settings
+    monkeypatch.setattr(process, "_INTERRUPTED", threading.Event())  # the watcher interrupts this process
+    with temporary_settings({PREFECT_HOME: str(tmp_path / "prefect-home")}):
+        yield tmp_path
+
+
+def _client():
+    from prefect import get_client
+    return get_client(sync_client=True)
+
+
+def _flow_run(name: str = "nightly", parent_task_run=None, state=None, parameters=None):
+    from prefect import flow
+    from prefect.states import Running
+
+    @flow(name="seis-test")
+    def stand_in():
+        pass
+
+    with _client() as client:
+        return client.create_flow_run(stand_in, name=name, parent_task_run_id=parent_task_run,
+                                      state=state or Running(), parameters=parameters or {})
+
+
+def _task_run(flow_run_id):
+    from prefect import task
+    from prefect.states import Pending
+
+    @task(name="session")
+    def stand_in():
+        pass
+
+    with _client() as client:
+        return client.create_task_run(stand_in, flow_run_id, dynamic_key=str(time.monotonic_ns()), state=Pending())
+
+
+def _set(flow_run_id, state) -> None:
+    with _client() as client:
+        client.set_flow_run_state(UUID(str(flow_run_id)), state, force=True)
+
+
+def _state(flow_run_id) -> str:
+    with _client() as client:
+        return client.read_flow_run(UUID(str(flow_run_id))).state.type.value
+
+
+def _active() -> int:
+    with _client() as client:
+        return client.read_global_concurrency_limit_by_name(LIMIT).active_slots
+
+
+def _until(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.1)
+    return value
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (a zombie runs nothing; this host's init may not reap them)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+# ---- the slot ------------------------------------------------------------------------------------------------------
+def test_the_slot_acquisition_refuses_a_cancelled_run_before_and_while_it_waits(home):
+    from prefect.states import Cancelling
+
+    from tasks.cancel import RunCancelled
+    from tasks.gpu import ensure_gpu_limit
+    from tasks.slot_wait import acquire
+
+    ensure_gpu_limit(name=LIMIT)
+    cancelled = _flow_run("cancelled").id
+    _set(cancelled, Cancelling())
+    with pytest.raises(RunCancelled):
+        acquire(LIMIT, 60, cancelled)
+    assert _active() == 0
+
+    # a gate queued behind another run's: its run is cancelled while it waits, and it never takes the slot
+    holder = acquire(LIMIT, 60, _flow_run("holder").id)
+    queued, outcome = _flow_run("queued").id, {}
+
+    def wait_for_slot():
+        try:
+            outcome["lease"] = acquire(LIMIT, 60, queued)
+        except RunCancelled as e:
+            outcome["refused"] = time.monotonic(), e
+
+    waiter = threading.Thread(target=wait_for_slot)
+    waiter.start()
+    time.sleep(1.5)
+    assert waiter.is_alive() and _active() == 1
+    t0 = time.monotonic()
+    _set(queued, Cancelling())
+    waiter.join(timeout=15)
+    assert "refused" in outcome and outcome["refused"][0] - t0 < 5, outcome
+    with _client() as client:
+        client.release_concurrency_slots_with_lease(holder)
+    assert _active() == 0
+
+
+def test_the_wait_for_a_slot_names_the_holders_run(home):
+    from seis.session.resources import Registry
+    from tasks.gpu import api_key, registry
+    from tasks.slot_wait import describe_holder, waiting_line
+
+    orchestrator = _flow_run("nightly-sync-chain").id
+    session = _flow_run("c1/s2", parameters={"request": {"run_dir": "/runs/nightly-0402", "chain": "c1"}}).id
+    reg: Registry = registry()
+    reg.add_lease("lease-a", str(orchestrator), "c0/s1 build-and-gate", api_key())
+    reg.add_lease("lease-b", str(session), "c1/s2 build-and-gate", api_key())
+    by_label = {lease.label: lease for lease in reg.leases(api_key())}
+    local = describe_holder(by_label["c0/s1 build-and-gate"], run_dir="/runs/nightly-0401")
+    remote = describe_holder(by_label["c1/s2 build-and-gate"])
+    assert local.startswith("c0/s1 build-and-gate of flow run nightly-sync-chain (")
+    assert "run /runs/nightly-0401" in local
+    assert remote.startswith("c1/s2 build-and-gate of flow run c1/s2 (") and "run /runs/nightly-0402" in remote
+    assert waiting_line("seis-gpu", [local]).endswith(f"held by {local}")
+
+
+# ---- the watcher ---------------------------------------------------------------------------------------------------
+def test_the_cancel_watch_kills_the_runs_process_groups_frees_its_slots_and_cancels_its_sessions(home):
+    from prefect.states import Cancelling, Scheduled
+
+    from seis.sandbox.scope import ProcessScope, ScopeClosed
+    from tasks.cancel import CancelWatch, RunCancelled, refuse_if_cancelled
+    from tasks.gpu import api_key, ensure_gpu_limit, registry
+    from tasks.slot_wait import acquire
+
+    ensure_gpu_limit(name=LIMIT)
+    run = _flow_run("nightly-chain").id
+    lease = acquire(LIMIT, 60, run)
+    registry().add_lease(str(lease), str(run), "c0/s0 build-and-gate", api_key())
+    dispatched = _task_run(run).id                   # what run_deployment creates in the parent for each session
+    running_session = _flow_run("c0/s0", parent_task_run=dispatched).id
+    queued_session = _flow_run("c1/s0", parent_task_run=_task_run(run).id, state=Scheduled()).id
+    scope = ProcessScope()                            # a dev benchmark: a process group with a child of its own
+    bench = scope.popen(["sh", "-c", "sleep 60 & sleep 60"])
+    time.sleep(0.2)
+
+    with CancelWatch(run, poll_s=0.2) as watch:
+        _set(run, Cancelling())
+        t0 = time.monotonic()
+        while not watch.requested and time.monotonic() - t0 < 10:
+            time.sleep(0.1)
+        raise RuntimeError("the session's gate failed: its engines were killed under it")
+    assert watch.requested                                          # the error above was the cancellation's
+    _until(lambda: not _group_alive(bench.pid), 5, "the benchmark's process group killed")
+    _until(lambda: _active() == 0, 5, "the run's GPU slot released")
+    assert time.monotonic() - t0 < 6
+    assert not registry().leases(api_key())
+    assert _state(running_session) == "CANCELLING"                 # its worker kills it
+    assert _state(queued_session) == "CANCELLED"                   # no worker had taken it
+    with pytest.raises(RunCancelled):                               # nothing more starts for this run
+        refuse_if_cancelled(run, ask_server=False)
+    with pytest.raises(ScopeClosed):
+        scope.popen(["true"])
+
+
+# ---- end to end ----------------------------------------------------------------------------------------------------
+RUN = textwrap.dedent("""
+    import subprocess, sys, time
+    from pathlib import Path
+    from prefect import flow, task
+    from seis.sandbox.scope import ProcessScope, ScopeClosed
+    from tasks.cancel import CancelWatch
+    from tasks.cleanup import release_run
+    from tasks.gpu import ensure_gpu_limit, gpu_slot
+
+    out = Path(sys.argv[1])
+
+    @task
+    def gate(name: str):
+        with gpu_slot(name, "seis-gpu-test-cancel"):
+            (out / f"{name}.acquired").write_text("")
+            scope = ProcessScope()   # as a dev benchmark's: a process group of its own, known to the process
+            engine = scope.popen(["sh", "-c", "sleep 300 & sleep 300"], stdout=subprocess.DEVNULL)
+            (out / f"{name}.pgid").write_text(str(engine.pid))
+            engine.wait()            # killed by the cancellation: the gate ends with no verdict
+            raise RuntimeError("the gate's engine was killed")
+
+    @flow(on_cancellation=[release_run], on_crashed=[release_run])
+    def run():
+        from prefect.runtime import flow_run
+        ensure_gpu_limit(name="seis-gpu-test-cancel")
+        (out / "flow_run").write_text(str(flow_run.id))
+        with CancelWatch(flow_run.id) as cancel:
+            first = gate.submit("c0")
+            while not (out / "c0.pgid").exists():
+                time.sleep(0.1)
+            second = gate.submit("c1")      # queued behind c0
+            first.wait(); second.wait()
+            first.result(); second.result()
+        return cancel.cancelled_state("the run") if cancel.requested else "done"
+
+    run()
+""")
+
+
+def test_a_cancelled_flow_stops_its_gate_and_serves_no_queued_gate(home):
+    from prefect.settings import PREFECT_API_URL
+
+    from tasks.gpu import ensure_gpu_limit
+
+    ensure_gpu_limit(name=LIMIT)
+    out = home / "out"
+    out.mkdir()
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_HOME": str(home / "prefect-home"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", RUN, str(out)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _until(lambda: (out / "c0.pgid").exists() or proc.poll() is not None, 90, "the first gate's engine")
+        assert proc.poll() is None, proc.communicate()[0]
+        flow_run, engine = (out / "flow_run").read_text(), int((out / "c0.pgid").read_text())
+        time.sleep(1.0)                                    # the second gate is queued for the slot
+        assert _active() == 1 and not (out / "c1.acquired").exists()
+        from prefect.states import Cancelling
+        with _client() as client:                          # what `prefect flow-run cancel` does
+            client.set_flow_run_state(UUID(flow_run), Cancelling(message="cancelled by the test"))
+        t0 = time.monotonic()
+        _until(lambda: not _group_alive(engine), 10, "the gate's engine killed")
+        _until(lambda: _active() == 0, 10, "the slot freed")
+        freed_s = time.monotonic() - t0
+        proc.wait(timeout=60)
+        log = proc.stdout.read()
+        assert freed_s < 6, log
+        assert _state(flow_run) == "CANCELLED", log
+        assert not (out / "c1.acquired").exists(), log     # the queued gate never took the slot
+        assert _active() == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
