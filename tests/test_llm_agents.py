@@ -427,7 +427,7 @@ def test_sdks_are_imported_lazily():
 def test_cli_network_policy_is_configured_and_checked(monkeypatch):
     from pydantic import ValidationError
 
-    from seis.agents.llm.cli_agent import api_endpoints
+    from seis.agents.llm.settings import api_endpoints
     from seis.config import RunConfig
     from seis.session.steps import make_agent
     with pytest.raises(ValidationError, match="cli agent only"):

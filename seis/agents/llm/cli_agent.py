@@ -31,7 +31,7 @@ from .netproxy import START_FORWARDER, ApiProxy, proxy_env
 from .prompt import load_template, render_prompt
 from .redact import Redactor
 from .result import SessionEnd, build_result
-from .settings import LLMSettings
+from .settings import LLMSettings, api_endpoints
 from .shell import truncate
 from .transcript import Transcript
 
@@ -44,24 +44,6 @@ MAX_REPORT_BYTES = 1 * 2**20
 # in this sandbox, so they never sit on a command line (where `ps` would show them).
 _WRAPPER = (START_FORWARDER + 'if [ -f /seis/env.sh ]; then set -a; . /seis/env.sh; set +a; fi; '
             'exec bash -c "$1"')
-# Where a provider's CLI goes when no base URL is configured (agent_network="api" allows exactly these).
-OFFICIAL_ENDPOINTS = {"ANTHROPIC": "api.anthropic.com:443", "OPENAI": "api.openai.com:443"}
-
-
-def api_endpoints(settings: LLMSettings, environ=None) -> list[str]:
-    """The endpoints a cli agent may reach under agent_network="api": agent_api_endpoints when given, else the
-    agent_base_url, else the *_BASE_URL variables it is handed, else the official API of each provider whose
-    key it is handed."""
-    from .netproxy import endpoint
-    env = os.environ if environ is None else environ
-    if settings.api_endpoints:
-        return sorted({endpoint(e) for e in settings.api_endpoints})
-    if settings.base_url:
-        return [endpoint(settings.base_url)]
-    urls = [env[k] for k in settings.pass_env if k.endswith("_BASE_URL") and env.get(k)]
-    if urls:
-        return sorted({endpoint(u) for u in urls})
-    return sorted({v for k, v in OFFICIAL_ENDPOINTS.items() if any(n.startswith(k) for n in settings.pass_env)})
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CHANGES = re.compile(r"^\s*CHANGES:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
 

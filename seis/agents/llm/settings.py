@@ -69,7 +69,6 @@ def check_ready(settings: LLMSettings, environ: dict[str, str] | None = None,
     if bad:
         raise ValueError(f"agent_pass_env holds names that are not environment variable names: {bad}")
     if settings.backend == "cli" and settings.network == "api":
-        from .cli_agent import api_endpoints
         if not api_endpoints(settings, env):
             raise ValueError("agent_network='api' needs the endpoint(s) to allow: set agent_api_endpoints "
                              "(host:port), agent_base_url, or pass the tool's key / *_BASE_URL in agent_pass_env")
@@ -112,3 +111,23 @@ def _program(command: str) -> str | None:
     while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):  # leading VAR=value assignments
         words = words[1:]
     return words[0] if words and words[0] not in {"env", "exec", "time", "nice", "timeout"} else None
+
+
+# Where a provider's CLI goes when no base URL is configured (agent_network="api" allows exactly these).
+OFFICIAL_ENDPOINTS = {"ANTHROPIC": "api.anthropic.com:443", "OPENAI": "api.openai.com:443"}
+
+
+def api_endpoints(settings: LLMSettings, environ=None) -> list[str]:
+    """The endpoints a cli agent may reach under agent_network="api": agent_api_endpoints when given, else the
+    agent_base_url, else the *_BASE_URL variables it is handed, else the official API of each provider whose
+    key it is handed."""
+    from .netproxy import endpoint
+    env = os.environ if environ is None else environ
+    if settings.api_endpoints:
+        return sorted({endpoint(e) for e in settings.api_endpoints})
+    if settings.base_url:
+        return [endpoint(settings.base_url)]
+    urls = [env[k] for k in settings.pass_env if k.endswith("_BASE_URL") and env.get(k)]
+    if urls:
+        return sorted({endpoint(u) for u in urls})
+    return sorted({v for k, v in OFFICIAL_ENDPOINTS.items() if any(n.startswith(k) for n in settings.pass_env)})
