@@ -95,6 +95,30 @@ def test_a_copy_racing_a_link_swap_never_reads_outside_the_tree(tmp_path, secret
     assert copies + refused == 300 and refused > 0  # the race did happen
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a writable bind is given to the sandbox's user only by root")
+def test_giving_a_writable_bind_to_the_sandbox_user_never_follows_a_link_swap(tmp_path, secret):
+    """At every sandbox start root hands the writable binds (what earlier sandboxes wrote) to the sandbox's user:
+    with a file and a directory swapped for links to host files meanwhile, no host file changes owner."""
+    from seis.sandbox.process import _chown_tree
+    root = tmp_path / "tree"
+    copy_tree(ENGINE_TEMPLATE, root)
+    (root / "engine" / "d").mkdir()
+    (root / "engine" / "d" / "x.py").write_text("benign = 1\n")
+    (root / "engine" / "leak.py").write_text("benign = 1\n")
+    host = [secret, secret / ".netrc", secret / "dir", secret / "dir" / "x.py"]
+    stop = threading.Event()
+    swapper = threading.Thread(target=_swap_forever, args=(root, secret, stop), daemon=True)
+    swapper.start()
+    try:
+        for _ in range(300):
+            _chown_tree(root, 54321)
+            assert [p.stat().st_uid for p in host] == [0] * len(host)
+    finally:
+        stop.set()
+        swapper.join()
+    assert (root / "engine" / "__init__.py").stat().st_uid == 54321
+
+
 def _read_back(root) -> str:
     """The worst dev benchmark: it hands the agent every byte of the tree it was given (the real one returns an
     engine's build error, which the engine can fill with whatever its tree holds)."""

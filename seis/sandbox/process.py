@@ -415,11 +415,36 @@ def interrupt_on_exit_signal() -> Iterator[None]:
         raise
 
 
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _chown_tree(root: Path, uid: int) -> None:
-    os.chown(root, uid, uid)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+    """Give a writable bind to the sandbox's user. This runs as root over what an earlier sandbox wrote, so it goes
+    through descriptors opened without following links: a directory swapped for a link while it runs is skipped,
+    never followed onto a host file. A link itself is left to the session's cleanup; a hard-linked file is not
+    given away (its other name may be anywhere)."""
+    fd = os.open(root, _DIR_NOFOLLOW)
+    try:
+        _chown_under(fd, uid)
+    finally:
+        os.close(fd)
+
+
+def _chown_under(dir_fd: int, uid: int) -> None:
+    os.fchown(dir_fd, uid, uid)
+    for name in os.listdir(dir_fd):
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                fd = os.open(name, _DIR_NOFOLLOW, dir_fd=dir_fd)
+                try:
+                    _chown_under(fd, uid)
+                finally:
+                    os.close(fd)
+            elif stat.S_ISLNK(st.st_mode) or st.st_nlink == 1:
+                os.chown(name, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:  # gone or changed since it was listed: nothing of it is followed
+            continue
 
 
 def _readable_by_others(root: Path) -> None:
