@@ -1,11 +1,15 @@
 """`seis` command line. Each command validates its input, then calls the library."""
 from __future__ import annotations
 
+import inspect
+import json
 import os
 from pathlib import Path
-from typing import Optional
+from types import UnionType
+from typing import Literal, Optional, Union, get_args, get_origin
 
 import typer
+from pydantic_core import PydanticUndefined
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="SEIS: self-evolving inference systems.")
 models_app = typer.Typer(no_args_is_help=True, help="Model assets (prepared locally; no hub needed).")
@@ -174,57 +178,49 @@ def post_validate(
         typer.secho("flagged: " + "; ".join(result.flags), fg=typer.colors.YELLOW, err=True)
 
 
+def _run_config_options(command):
+    """Gives `command` an option per RunConfig field (`--sync-every` for sync_every), which it takes as **fields:
+    the field's description as help, its default shown, None when not given (the resolved config then has the
+    field's default). Literal fields are choices, bools --flag/--no-flag, lists repeatable or comma-separated,
+    other structures JSON; bounds are RunConfig's to check (its one-line message names the option)."""
+    from .config import RunConfig
+
+    def option(name: str, field) -> inspect.Parameter:
+        kind = field.annotation
+        if get_origin(kind) in (Union, UnionType):  # `int | None`: the option is optional anyway
+            kind = next(a for a in get_args(kind) if a is not type(None))
+        decls, extra = ["--" + name.replace("_", "-")], {}
+        help = field.description or name
+        if kind is bool:
+            decls = [f"{decls[0]}/--no-{decls[0][2:]}"]
+        elif get_origin(kind) is list:
+            kind, help = list[str], help + "; repeat the option or separate with commas"
+        elif kind not in (int, float, str, Path) and get_origin(kind) is not Literal:
+            kind, extra = object, {"parser": json.loads, "metavar": "JSON"}
+        if field.default not in (None, PydanticUndefined):
+            help += f" (default {field.default})"
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[kind],
+                                 default=typer.Option(None, *decls, help=help, show_default=False, **extra))
+
+    own = [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(command, eval_str=True).parameters.values()
+           if p.kind is not p.VAR_KEYWORD]
+    command.__signature__ = inspect.Signature([option(n, f) for n, f in RunConfig.model_fields.items()] + own)
+    command.__annotations__ = {p.name: p.annotation for p in command.__signature__.parameters.values()}
+    return command
+
 
 @app.command()
+@_run_config_options
 def evolve(
-    protocol: Optional[str] = typer.Option(None, help="branching, chain or sync-chain (default sync-chain)."),
-    chains: Optional[int] = typer.Option(None, help="Number of chains (branching: parallel sessions per round; "
-                                                    "default 2)."),
-    sessions: Optional[int] = typer.Option(None, help="Sessions per chain (default 4)."),
-    sync_every: Optional[int] = typer.Option(None, help="sync-chain: fan-in before every N-th session (default: "
-                                                        "half the sessions, at least 1)."),
-    model: Optional[str] = typer.Option(None, help="Model name (seis models list) or a local HF dir (default "
-                                                   "tiny-qwen3)."),
-    agent: Optional[str] = typer.Option(None, help="offline (default; no key or network needed), anthropic, openai, "
-                                                   "cli."),
-    agent_model: Optional[str] = typer.Option(None, help="LLM agents: model name (default per backend)."),
-    agent_base_url: Optional[str] = typer.Option(None, help="LLM agents: API base URL (default: the SDK's env)."),
-    agent_command: Optional[str] = typer.Option(None, help="cli agent: headless coding-agent command line."),
-    agent_network: Optional[str] = typer.Option(
-        None, help="cli agent: none (default), api (only its API endpoint, via a SEIS proxy) or host."),
-    agent_pass_env: Optional[str] = typer.Option(
-        None, help="cli agent: comma-separated env var names handed to the cli tool (its own API key)."),
-    max_turns: Optional[int] = typer.Option(None, help="LLM agents: API calls per session."),
-    max_tokens: Optional[int] = typer.Option(None, help="LLM agents: tokens per session."),
-    max_cost_usd: Optional[float] = typer.Option(None, help="LLM agents: USD per session."),
-    post_validate: Optional[str] = typer.Option(None, help="After the run, post-validate the best engine: off "
-                                                           "(default), quick, full."),
-    gate: Optional[str] = typer.Option(None, help="Gate sizes: smoke, quick or full (default: full on CUDA, else quick)."),
-    device: Optional[str] = typer.Option(None, help="auto (default), cpu or cuda."),
-    seed: Optional[int] = typer.Option(None, help="Seed (default 0)."),
-    objective: Optional[str] = typer.Option(None, help="Retain only if not slower than the parent beyond noise on: "
-                                                       "single (one request at a time), throughput (batched), both "
-                                                       "(default on CUDA), or none (checks alone; default on CPU)."),
-    out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>); must be new or empty."),
-    store: Optional[Path] = typer.Option(None, help="Snapshot store (default store/; DVC-tracked inside a DVC "
-                                                    "repo)."),
-    dispatch: Optional[str] = typer.Option(None, help="local (default: sessions in this process) or workers (each "
-                                                      "session a `seis-session` flow run on a work pool; needs "
-                                                      "PREFECT_API_URL)."),
-    session_deployment: Optional[str] = typer.Option(None, help="dispatch=workers: the session deployment "
-                                                                "(default seis-session/cuda)."),
     resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR",
                                           help="Continue an interrupted run from its recorded config: finished "
                                                "sessions are kept, the rest are redone."),
+    **fields,
 ) -> None:
-    """Run an evolution (the `seis` Prefect flow; no server needed) and print the summary table."""
-    values = dict(protocol=protocol, chains=chains, sessions=sessions, sync_every=sync_every, model=model,
-                  agent=agent, gate=gate, device=device, seed=seed, objective=objective, store=store, post_validate=post_validate,
-                  out=out, agent_model=agent_model, agent_base_url=agent_base_url, agent_command=agent_command,
-                  max_turns=max_turns, max_tokens=max_tokens, max_cost_usd=max_cost_usd,
-                  agent_network=agent_network, dispatch=dispatch, session_deployment=session_deployment,
-                  agent_pass_env=[n.strip() for n in agent_pass_env.split(",") if n.strip()]
-                  if agent_pass_env else None)
+    """Run an evolution (the `seis` Prefect flow; no server needed) and print the summary table. Each option but
+    --resume is a RunConfig field."""
+    values = {name: [v.strip() for item in value for v in item.split(",") if v.strip()] if isinstance(value, list) else value
+              for name, value in fields.items()}
     config = _evolve_preflight(values, resume)
     _prefect_api(config.out)
     from flows.runtime import apply

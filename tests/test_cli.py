@@ -1,4 +1,5 @@
-"""The `seis` command line, run as a user would run it (a real subprocess)."""
+"""The `seis` command line, run as a user would run it (a real subprocess), and `seis evolve`'s options (in-process:
+parsing and validation only, no run started)."""
 from __future__ import annotations
 
 import subprocess
@@ -56,3 +57,57 @@ def test_bad_input_exits_2_with_a_clear_message(args, message):
     out = seis(*args)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def evolve_options() -> dict:
+    import typer.main
+
+    from seis.cli import app
+    return {p.name: p for p in typer.main.get_command(app).commands["evolve"].params}
+
+
+def test_every_run_config_field_is_an_evolve_option_described_as_in_run_config():
+    from seis.config import RunConfig
+    options = evolve_options()
+    assert set(options) == set(RunConfig.model_fields) | {"resume"}
+    for name, field in RunConfig.model_fields.items():
+        assert options[name].opts == ["--" + name.replace("_", "-")] and field.description in options[name].help
+    assert "(default 2)" in options["chains"].help and "(default sync-chain)" in options["protocol"].help
+    from typer.testing import CliRunner
+
+    from seis.cli import app
+    shown = CliRunner().invoke(app, ["evolve", "--help"]).output
+    assert "<smoke|quick|full>" in shown and "<local|workers>" in shown and "--resume" in shown  # Literal: choices
+
+
+def test_evolve_options_reach_the_config_as_given(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import seis.cli
+    seen = {}
+
+    def preflight(values, resume):
+        seen.update(values)
+        raise SystemExit(0)
+    monkeypatch.setattr(seis.cli, "_evolve_preflight", preflight)
+    out = CliRunner().invoke(seis.cli.app, ["evolve", "--protocol", "chain", "--chains", "3", "--agent-pass-env",
+                                            "A, B", "--agent-pass-env", "C", "--agent-prices", '{"m": [1, 2]}'])
+    assert out.exit_code == 0, out.output
+    assert seen["protocol"] == "chain" and seen["chains"] == 3 and seen["agent_pass_env"] == ["A", "B", "C"]
+    assert seen["agent_prices"] == {"m": [1, 2]} and seen["sessions"] is None and seen["out"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--chains", "0"], "--chains: Input should be greater than or equal to 1"),
+    (["--max-cost-usd", "-1"], "--max-cost-usd: Input should be greater than 0"),
+    (["--session-deployment", "no-slash"], "--session-deployment: String should match pattern"),
+])
+def test_evolve_value_out_of_bounds_exits_2_with_one_line(tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from seis.cli import app
+    out = CliRunner().invoke(app, ["evolve", "--out", str(tmp_path / "run"), *args])
+    assert out.exit_code == 2 and isinstance(out.exception, SystemExit)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], out.stderr
+    assert not (tmp_path / "run").exists()
