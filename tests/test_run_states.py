@@ -206,16 +206,14 @@ def _library_that_never_applies(tmp_path: Path) -> Path:
 
 
 def test_evolve_whose_every_session_errors_exits_non_zero_and_says_failed(tmp_path):
-    """`seis evolve` as a user runs it (its own Prefect server, the real flow). The CLI has no flag for an offline
-    library, so the run's config is recorded first and `--resume` runs it: a run directory holding only config.json
-    is a run none of whose sessions has finished."""
+    """`seis evolve` as a user runs it (its own Prefect server, the real flow)."""
     run = tmp_path / "run"
     # two chains side by side, each failing its one session (the same library entry fails in both)
-    config = RunConfig(protocol="branching", chains=2, sessions=1, model="tiny-qwen3", device="cpu", gate="smoke",
-                       out=run, store=tmp_path / "store", agent_library=_library_that_never_applies(tmp_path))
-    RunDir.create(run, config.model_dump_json(indent=2))
-    out = subprocess.run([sys.executable, "-m", "seis.cli", "evolve", "--resume", str(run)], capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "seis.cli", "evolve", "--protocol", "branching", "--chains", "2",
+                          "--sessions", "1", "--model", "tiny-qwen3", "--device", "cpu", "--gate", "smoke",
+                          "--out", str(run), "--store", str(tmp_path / "store"),
+                          "--agent-library", str(_library_that_never_applies(tmp_path))],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "every session errored (2 of 2), nothing was judged" in errors[0], out.stderr
