@@ -14,7 +14,8 @@ Parameters: every RunConfig field is a parameter of its own (`--param chains=2`)
 bounds (seis.session.params.run_param: a deployment's form shows them, the server refuses a value out of bounds),
 on top of an optional whole `config` (a dict, or a RunConfig in-process); `resume=RUN_DIR` continues an
 interrupted run from its recorded config, redoing only the sessions it had not finished. The rules (who inherits
-what, what is finished, what is retained) live in seis.session; this module only dispatches them.
+what, what is finished, what is retained) and the round loop (seis.session.rounds) live in seis.session; this
+module only dispatches them, as Prefect tasks (TaskSessions).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from flows.runtime import quiet_thread_timeout_notice
 from seis.config import AgentKind, Protocol, RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.sandbox import interrupt_on_exit_signal
-from seis.session import ChainState, RunDir, initial_states, session_spec, upstream_is_vanilla
+from seis.session import ChainState, RunDir, SessionOutcome, SessionResult, session_spec, upstream_is_vanilla
 from seis.session.dispatch import adopt_recorded, peer_refs, session_request
 from seis.session.display import rounded, run_label, run_tags, session_markdown, summary_artifact_markdown
 from seis.session.params import ParameterError, described, resolve_config, run_param
@@ -39,7 +40,8 @@ from seis.session.preflight import preflight_run
 from seis.session.progress import best_record, pick_best_of_run, run_failure
 from seis.session.protocol import gather_peers, pin_vanilla
 from seis.session.resources import scratch
-from seis.session.resume import clear, finished, still_valid
+from seis.session.resume import clear, finished
+from seis.session.rounds import run_rounds
 from seis.session.status import FINISHED_FAILED_NOTE
 from seis.store import SnapshotStore
 from tasks.artifacts import stable_key
@@ -215,37 +217,53 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
 
 
 def _sessions(config: RunConfig, run: RunDir, resumed: bool):
-    """Every round: the fan-in if due, then one session per chain; recorded sessions (resume) are not redone."""
-    store = SnapshotStore(config.store)
-    vanilla_future = snapshot_vanilla_task.submit(quote(config), quote(run))
-    vanilla = vanilla_future.result()
-    states = initial_states(config, vanilla)
-    latest = {c: vanilla_future for c in config.chain_ids()}     # each chain's last task run: its lineage
-    outcomes, failures, redone = [], [], set()
-    for session in range(config.sessions):
-        recorded = {}
-        for chain in config.chain_ids():
-            parent = vanilla if upstream_is_vanilla(config) else states[chain].snapshot
-            if resumed and config.dispatch == "workers":
-                adopt_recorded(store, run.session_dir(chain, session))
-            outcome = finished(run.session_dir(chain, session), store) if resumed else None
-            if outcome is not None and still_valid(outcome, config.protocol, parent, redone):
-                recorded[chain] = outcome
-        todo = [c for c in config.chain_ids() if c not in recorded]
-        peers, fan_in_future = {}, None
-        if config.is_sync_point(session) and todo:
-            with tags(*run_tags(session=session), "fan-in"):
-                fan_in_future = fan_in_task.submit(quote(config), quote(states), session,
-                                                   wait_for=list(latest.values()))
-            peers = fan_in_future.result()
+    """The protocol's rounds (seis.session.rounds) with Prefect task runs; recorded sessions (resume) are not
+    redone."""
+    done = run_rounds(config, TaskSessions(config, run), resumed)
+    return done.vanilla, done.outcomes, done.failures
+
+
+class TaskSessions:
+    """The round loop's SessionRunner: each session, fan-in and the vanilla snapshot a Prefect task run (on workers,
+    a session is a `seis-session` flow run). The graph's edges are given explicitly: a session waits for its
+    chain's previous session (branching: the vanilla snapshot) and its round's fan-in; a fan-in waits for every
+    chain's latest session."""
+
+    def __init__(self, config: RunConfig, run: RunDir):
+        self.config, self.run = config, run
+        self.store = SnapshotStore(config.store)
+        self.vanilla_future = None
+        self.latest = {}          # each chain's last task run: its lineage
+        self.fan_ins = {}         # session -> its fan-in's task run
+
+    def pin_vanilla(self) -> str:
+        self.vanilla_future = snapshot_vanilla_task.submit(quote(self.config), quote(self.run))
+        self.latest = {c: self.vanilla_future for c in self.config.chain_ids()}
+        return self.vanilla_future.result()
+
+    def recorded(self, chain: str, session: int):
+        session_dir = self.run.session_dir(chain, session)
+        if self.config.dispatch == "workers":
+            adopt_recorded(self.store, session_dir)
+        return finished(session_dir, self.store)
+
+    def fan_in(self, states: dict[str, ChainState], session: int):
+        with tags(*run_tags(session=session), "fan-in"):
+            self.fan_ins[session] = fan_in_task.submit(quote(self.config), quote(states), session,
+                                                       wait_for=list(self.latest.values()))
+        return self.fan_ins[session].result()
+
+    def run_sessions(self, session: int, chains: list[str], vanilla: str, states: dict[str, ChainState],
+                     peers) -> dict[str, SessionResult]:
+        config, run = self.config, self.run
         futures = {}
-        for chain in todo:
+        for chain in chains:
             clear(run.session_dir(chain, session))    # what an interrupted attempt left: redone from its parent
-            upstream = [vanilla_future] if upstream_is_vanilla(config) else [latest[chain]]
-            after = upstream + [f for f in (fan_in_future,) if f]
+            upstream = [self.vanilla_future] if upstream_is_vanilla(config) else [self.latest[chain]]
+            after = upstream + [f for f in (self.fan_ins.get(session),) if f]
             with tags(*run_tags(chain, session)):
                 if config.dispatch == "workers":      # the same protocol rules, the session on a worker
-                    request = session_request(config, run, store, vanilla, states, peers, session, chain)
+                    request = session_request(config, run, self.store, vanilla, states, peers, session, chain)
                     futures[chain] = remote_session_task.submit(quote(request), config.session_deployment,
                                                                 quote(config.store), wait_for=after)
                 else:
@@ -253,28 +271,20 @@ def _sessions(config: RunConfig, run: RunDir, resumed: bool):
                     futures[chain] = session_task.submit(quote(config), quote(spec), quote(config.store),
                                                          wait_for=after)
         wait(list(futures.values()))
-        for chain in config.chain_ids():
-            if chain in recorded:
-                outcome = recorded[chain]
-                _recorded_artifact(outcome, run)
-                print(f"[{chain} s{session}] recorded by an earlier attempt: {outcome.verdict} ({outcome.snapshot})")
-            else:
-                redone.add(chain)
-                try:
-                    result = futures[chain].result()
-                except Exception as e:  # a bug or an orchestration failure: its traceback is in the task's log
-                    failures.append(f"{run_label(chain, session)}: {type(e).__name__}: {e}")
-                    continue
-                if result.outcome is None:
-                    failures.append(result.failure)
-                    continue
-                outcome = result.outcome
-            outcomes.append(outcome)
-            states[chain] = states[chain].after(outcome)
-        latest.update(futures)
-        if failures:
-            break
-    return vanilla, outcomes, failures
+        self.latest.update(futures)
+        results = {}
+        for chain, future in futures.items():
+            try:
+                results[chain] = future.result()
+            except Exception as e:  # a bug or an orchestration failure: its traceback is in the task's log
+                results[chain] = SessionResult(chain, session,
+                                               failure=f"{run_label(chain, session)}: {type(e).__name__}: {e}")
+        return results
+
+    def show_recorded(self, outcome: SessionOutcome) -> None:
+        _recorded_artifact(outcome, self.run)
+        print(f"[{outcome.chain} s{outcome.session}] recorded by an earlier attempt: {outcome.verdict} "
+              f"({outcome.snapshot})")
 
 
 def _recorded_artifact(outcome, run: RunDir) -> None:
