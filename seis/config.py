@@ -15,6 +15,7 @@ from .host import runs_on_cuda
 
 Protocol = Literal["branching", "chain", "sync-chain"]
 AgentKind = Literal["offline", "anthropic", "openai", "cli"]
+AGENTS_AVAILABLE = ("offline", "anthropic", "openai", "cli")   # the agents a session can make (session.steps)
 
 
 class RunConfig(BaseModel):
@@ -140,7 +141,6 @@ class RunConfig(BaseModel):
         names `resume_hint` (the CLI flag, or the flow parameter in a Prefect context; `{out}`: the dir)."""
         from .models import ModelError, resolve_model
 
-        from .session.steps import AGENTS_AVAILABLE
         if self.agent not in AGENTS_AVAILABLE:
             raise ValueError(f"agent {self.agent!r} is not available yet (available: {', '.join(AGENTS_AVAILABLE)})")
         self._check_device()

@@ -5,8 +5,8 @@ a worker is only sent SIGTERM once its worker notices. So both SEIS flows watch 
 once it is Cancelling, the watcher kills every engine sandbox and dev-benchmark process group of the process and
 starts none any more, asks for the run's child session flow runs (dispatch=workers) to be cancelled, and gives back
 the run's GPU slot leases; the flow body then ends with a Cancelled state. Independently of any watcher, a gate
-asks before and while it waits for its slot whether its run is being cancelled (`refuse_if_cancelled`), so no
-queued gate of a cancelled run ever takes a slot."""
+asks before and while it waits for its slot whether its run is being cancelled (`refuse_if_cancelled`, in
+tasks.cancelled), so no queued gate of a cancelled run ever takes a slot."""
 from __future__ import annotations
 
 import contextvars
@@ -14,42 +14,9 @@ import logging
 import threading
 
 from . import flow_runs
+from .cancelled import RunCancelled, is_marked, mark_cancelled, refuse_if_cancelled  # noqa: F401 (re-exported)
 
 POLL_S = 1.0            # how often a running flow looks at its own state
-
-
-class RunCancelled(RuntimeError):
-    """The flow run is being cancelled (or has ended, or its process is interrupted): nothing more starts for it."""
-
-
-_cancelled: set[str] = set()   # flow runs of this process known to be cancelled
-_lock = threading.Lock()
-
-
-def mark_cancelled(flow_run_id) -> None:
-    with _lock:
-        _cancelled.add(str(flow_run_id))
-
-
-def is_marked(flow_run_id) -> bool:
-    with _lock:
-        return str(flow_run_id) in _cancelled
-
-
-def refuse_if_cancelled(flow_run_id, ask_server: bool = True) -> None:
-    """Raise RunCancelled when this process is interrupted or the flow run is cancelled (asking the server unless
-    this process already knows, or ask_server is False). A server that does not answer refuses nothing."""
-    from seis.sandbox import interrupted
-    if flow_run_id is not None and not is_marked(flow_run_id) and ask_server:
-        try:
-            if flow_runs.stopping(flow_runs.read(flow_run_id)):
-                mark_cancelled(flow_run_id)
-        except Exception:  # noqa: BLE001 - a server that does not answer is no cancellation
-            pass
-    if flow_run_id is not None and is_marked(flow_run_id):
-        raise RunCancelled(f"the flow run {flow_run_id} is cancelled: nothing more is started for it")
-    if interrupted():
-        raise RunCancelled("this process is being interrupted: nothing more is started for its run")
 
 
 def stop_run(flow_run_id, logger: logging.Logger | None = None) -> None:

@@ -18,7 +18,7 @@ from seis.session.resume import clear
 from seis.store import SnapshotStore
 
 from . import flow_runs
-from .cancel import RunCancelled, refuse_if_cancelled
+from .cancelled import RunCancelled, refuse_if_cancelled
 
 POLL_S = 2.0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from uuid import UUID
 
-from .cancel import RunCancelled, refuse_if_cancelled
+from .cancelled import RunCancelled, refuse_if_cancelled
 
 CHECK_S = 1.0           # how often a waiting gate looks whether its run is being cancelled
 MIN_PAUSE_S, MAX_PAUSE_S = 0.5, 30.0   # between two attempts, whatever the server says (it may say 0)

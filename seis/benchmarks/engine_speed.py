@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from .. import tables
-from .stats import fmt_range, summarize
+from ..stats import fmt_range, summarize
 
 
 def _sync():

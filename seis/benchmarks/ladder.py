@@ -25,8 +25,8 @@ from ..agents.offline.library import load_library
 from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
+from ..stats import fmt_range, summarize
 from .engine_speed import _commit
-from .stats import fmt_range, summarize
 
 
 def systems(order: list[str], alone: bool, backends: list[str], work: Path, also: list[list[str]] = (),

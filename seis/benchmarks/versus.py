@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import tables
-from .stats import summarize
+from ..stats import summarize
 
 VANILLA = "vanilla mini-sglang"
 

@@ -18,11 +18,11 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from ..benchmarks.stats import summarize
 from ..engine_host.affinity import pinned_together
 from .config import SpeedConfig
 from .engines import EngineHandle, GenerationOut
 from ..engine_host.gpu_idle import GpuIdle
+from ..stats import summarize
 from .schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
 from .workloads import PromptSet, SpeedWorkload
 

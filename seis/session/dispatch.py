@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -29,11 +28,9 @@ from .protocol import session_spec
 from .resume import load_outcome
 from .rundir import RunDir
 from .spec import SessionResult, SessionSpec
+from .worker_reply import DEVICE_ENV, REPLY_FILE, WORKER_ENV, SessionReply, WorkerInfo  # noqa: F401 (re-exported)
 
-REPLY_FILE = "worker.json"
 STORE_ENV = "SEIS_STORE"            # a worker's own snapshot store (default: the run config's `store`)
-WORKER_ENV = "SEIS_WORKER_NAME"     # a worker's name in the records (default: the host name)
-DEVICE_ENV = "CUDA_VISIBLE_DEVICES"  # the device a worker owns (its job variables or its environment)
 HEARTBEAT_FILE = "worker.alive"     # refreshed by a running session: its flow run id
 HEARTBEAT_S = 5.0
 LOST_AFTER_ENV = "SEIS_WORKER_LOST_S"  # no heartbeat for this long: the session's worker is lost (default 120)
@@ -82,46 +79,6 @@ class SessionRequest(BaseModel):
 
     def refs(self) -> list[SnapshotRef]:
         return [SnapshotRef.from_dict(r) for r in self.snapshots]
-
-
-class WorkerInfo(BaseModel):
-    """Who ran a session: recorded in its `worker.json` (and the local mode's too)."""
-    model_config = ConfigDict(frozen=True)
-    worker: str
-    host: str
-    pid: int
-    device: str = ""                 # CUDA_VISIBLE_DEVICES of the worker ('' = not pinned to a device)
-    store: str = ""
-    flow_run_id: str = ""
-
-    @classmethod
-    def here(cls, store: Path | str = "", flow_run_id: str = "") -> "WorkerInfo":
-        host = socket.gethostname()
-        return cls(worker=os.environ.get(WORKER_ENV) or host, host=host, pid=os.getpid(),
-                   device=os.environ.get(DEVICE_ENV, ""), store=str(store), flow_run_id=str(flow_run_id))
-
-
-class SessionReply(BaseModel):
-    chain: str
-    session: int
-    worker: WorkerInfo
-    failure: str = ""
-    fetched: dict[str, str] = Field(default_factory=dict)      # snapshot id -> present | cache | remote
-    snapshot: dict | None = None                               # SnapshotRef of the session's engine
-
-    def save(self, session_dir: Path) -> Path:
-        session_dir.mkdir(parents=True, exist_ok=True)
-        path, part = session_dir / REPLY_FILE, session_dir / (REPLY_FILE + ".part")
-        part.write_text(self.model_dump_json(indent=2) + "\n")
-        os.replace(part, path)
-        return path
-
-    @classmethod
-    def load(cls, session_dir: Path) -> "SessionReply | None":
-        try:
-            return cls.model_validate(json.loads((session_dir / REPLY_FILE).read_text()))
-        except (OSError, ValueError):
-            return None
 
 
 def worker_store(config_store: Path) -> Path:

@@ -13,11 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
-from .rundir import RunDir, run_root_of
+from .rundir import OUTCOME_FILE, RunDir, run_root_of
 from .spec import SessionOutcome
 from .status import count_sessions_done
-
-OUTCOME_FILE = "outcome.json"
 
 
 def save_outcome(session_dir: Path, outcome: SessionOutcome) -> Path:

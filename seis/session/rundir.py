@@ -18,6 +18,7 @@ from pathlib import Path
 from .status import RunStatus, read_status, write_status
 
 ATTEMPTS_FILE = "flow_runs.json"
+OUTCOME_FILE = "outcome.json"       # a finished session's outcome, written last (seis.session.resume)
 SUMMARY_COLUMNS = ["chain", "session", "parent_snapshot", "snapshot", "retained", "verdict", "reasons",
                    "dev_speedup_vs_vanilla", "dev_speedup_vs_parent", "synced_from", "agent", "applied", "adopted",
                    "tokens_in", "tokens_out", "cost_usd", "wall_s"]
@@ -87,7 +88,6 @@ class RunDir:
 
     def sessions_recorded(self) -> int:
         """Sessions whose outcome is on disk (what a resume keeps, if they still follow from their parents)."""
-        from .resume import OUTCOME_FILE
         return sum(1 for _ in (self.root / "chains").glob(f"*/*/{OUTCOME_FILE}"))
 
     def write_summary(self, rows: list[dict]) -> Path:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..agents import AgentResult, Budget, SessionContext, find_secrets, stamp_verdict
-from ..config import RunConfig
+from ..config import AGENTS_AVAILABLE, RunConfig
 from ..store import DvcError, StoreError
 from ..workspace import Report, Workspace, prepare_workspace
 from ..workspace.tree import TreeError
@@ -14,8 +14,6 @@ from .objective import slower_than_parent
 from .resume import save_outcome
 from .reuse import reused_from
 from .spec import SessionOutcome, SessionSpec
-
-AGENTS_AVAILABLE = ("offline", "anthropic", "openai", "cli")
 
 
 def make_agent(config: RunConfig):

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from .. import tables
-from .dispatch import SessionReply
+from .worker_reply import SessionReply
 
 LOCAL = "local"
 

@@ -1,4 +1,4 @@
-"""Summaries of repeated timings."""
+"""Summaries of repeated timings (the gate's speed measurement and the benchmarks use them)."""
 from __future__ import annotations
 
 import statistics
