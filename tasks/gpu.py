@@ -108,13 +108,12 @@ def release_flow_run(flow_run_id: str, logger=None) -> int:
 def gpu_slot(label: str = "gpu step", limit: str = GPU_LIMIT):
     """Hold the GPU slot for a build or gate, logging the wait (and who holds the slot meanwhile: their step and
     run) so that time queued shows as waiting, not work. A run that is being cancelled never gets the slot
-    (tasks.cancel.RunCancelled)."""
+    (tasks.cancelled.RunCancelled)."""
     from prefect import get_run_logger
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
-    from prefect.concurrency._leases import maintain_concurrency_lease
-    from prefect.concurrency._sync import release_concurrency_slots_with_lease
     from prefect.runtime import flow_run, task_run
 
+    from .prefect_private import maintain_concurrency_lease, release_concurrency_slots_with_lease
     from .slot_wait import acquire, describe_holder, waiting_line
 
     logger = get_run_logger()

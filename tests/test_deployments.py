@@ -45,8 +45,8 @@ def flows() -> dict:
 
 
 def test_prefect_yaml_matches_the_installed_prefect_schema():
-    from prefect.cli.deploy._models import PrefectYamlModel
-    model = PrefectYamlModel.model_validate(_spec())
+    from tasks.prefect_private import prefect_yaml_model
+    model = prefect_yaml_model().model_validate(_spec())
     assert {d.name for d in model.deployments} == set(_deployments())
     assert {"branching", "chain", "sync-chain", "cpu-smoke"} <= set(_deployments())
 
@@ -159,10 +159,10 @@ def test_an_inconsistent_sync_every_is_refused_in_one_line():
 
 def test_schedules_start_paused():
     """What `prefect deploy` makes of each schedule: inactive, so nothing runs before a user resumes it."""
-    from prefect.cli.deploy._schedules import _schedule_config_to_deployment_schedule
+    from tasks.prefect_private import deployment_schedule
     for name, d in _deployments().items():
         for schedule in d["schedules"]:
-            assert _schedule_config_to_deployment_schedule(schedule).get("active") is False, name
+            assert deployment_schedule(schedule).get("active") is False, name
 
 
 def _parameter_schema(flow) -> dict:

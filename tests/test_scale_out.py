@@ -435,11 +435,12 @@ def test_session_deployments_load_and_fit_their_pools():
     """flows/session-deployments.yaml: the installed Prefect's schema, the `seis-session` flow, one GPU and one CPU
     deployment on the `sessions` queue of their pools (a worker on it never takes a whole run)."""
     import yaml
-    from prefect.cli.deploy._models import PrefectYamlModel
     from prefect.flows import load_flow_from_entrypoint
 
+    from tasks.prefect_private import prefect_yaml_model
+
     spec = yaml.safe_load((REPO_ROOT / "flows" / "session-deployments.yaml").read_text())
-    PrefectYamlModel.model_validate(spec)
+    prefect_yaml_model().model_validate(spec)
     deployments = {d["name"]: d for d in spec["deployments"]}
     assert {n: (d["work_pool"]["name"], d["work_pool"]["work_queue_name"]) for n, d in deployments.items()} == \
         {"cuda": ("seis-cuda", "sessions"), "cpu": ("seis-cpu", "sessions")}
