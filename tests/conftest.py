@@ -71,16 +71,17 @@ def harness(tmp_path_factory):
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
     from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL,
+    from prefect.settings import (PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_DATABASE_CONNECTION_URL,
                                   PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings)
 
-    db = tmp_path_factory.mktemp("prefect-server") / "prefect.db"
+    home = tmp_path_factory.mktemp("prefect-home")  # this run's own: the GPU slot registry lives there
+    db = home / "prefect.db"
     with temporary_settings({PREFECT_SERVER_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{db}",
                              PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 180}):
         server = SubprocessASGIServer()
         server.start(timeout=180)
         try:
-            with temporary_settings({PREFECT_API_URL: server.api_url}):
+            with temporary_settings({PREFECT_API_URL: server.api_url, PREFECT_HOME: home}):
                 yield server.api_url
                 for worker in (APILogWorker, EventsWorker):
                     worker.drain_all(timeout=30)
