@@ -138,9 +138,9 @@ def _active_slots() -> int:
 
 
 def _hold_then(tmp_path: Path, sig: int) -> None:
-    from prefect.settings import PREFECT_API_URL
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME
     marker = tmp_path / f"held-{sig}"
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_HOME": str(PREFECT_HOME.value()),
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(marker)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
