@@ -83,8 +83,9 @@ class ApiDeadline(Exception):
 
 def ask_within(conv: Conversation, max_output_tokens: int, request_timeout_s: float,
                time_left: float | None) -> Turn:
-    """conv.ask, with the SDK's request timeout at most the time left, and never waiting past it (a reply
-    trickling in slower than the SDK's timeouts notice is abandoned)."""
+    """conv.ask, never waiting past the time left (a reply trickling in slower than the SDK's timeouts notice is
+    abandoned). The SDK's own timeout is set a second beyond it, so the deadline, not a race between the SDK's
+    timer and ours, says why the call ended."""
     if time_left is None:
         return conv.ask(max_output_tokens, timeout_s=request_timeout_s)
     if time_left <= 0:
@@ -93,7 +94,7 @@ def ask_within(conv: Conversation, max_output_tokens: int, request_timeout_s: fl
 
     def run() -> None:
         try:
-            box["turn"] = conv.ask(max_output_tokens, timeout_s=max(1.0, min(request_timeout_s, time_left)))
+            box["turn"] = conv.ask(max_output_tokens, timeout_s=max(1.0, min(request_timeout_s, time_left + 1.0)))
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             box["error"] = e
     t = threading.Thread(target=run, daemon=True, name="seis-api-call")
