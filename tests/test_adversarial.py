@@ -41,7 +41,7 @@ from adversarial.candidates import (
     copy_engine,
 )
 
-pytestmark = pytest.mark.adversarial
+pytestmark = [pytest.mark.adversarial, pytest.mark.slow]
 
 # A candidate that passes must not look faster than E0. Identical engines measured 0.96-1.11 x each other with
 # this design (interleaved, paired medians) on a 2-core CPU under a load average of 3-7, and tiny-model timings

@@ -475,6 +475,7 @@ def test_tool_arguments_match_their_schemas(tmp_path):
 
 # --- end to end: a default `seis evolve --agent anthropic` session against the fake server ------------------------
 
+@pytest.mark.slow
 def test_evolve_with_an_anthropic_agent_edits_benchmarks_is_gated_and_retained(tmp_path, prepared_dir, keys):
     import pandas as pd
     anchor = "from __future__ import annotations\n"

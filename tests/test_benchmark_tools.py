@@ -23,6 +23,7 @@ def test_ladder_times_extra_engine_trees_under_their_labels(tmp_path):
     assert got["from a run"] == (tree, {})
 
 
+@pytest.mark.slow
 def test_a_ladder_run_reports_each_engines_counters_and_how_drafts_fared(tmp_path):
     out = tmp_path / "ladder.json"
     done = subprocess.run([sys.executable, "-m", "seis.benchmarks.ladder", "--model", "tiny-qwen3", "--order",
@@ -49,6 +50,7 @@ def test_ladder_refuses_bad_engine_values(tmp_path, value, message):
         ladder.systems([], False, [], tmp_path, extra=ladder._labelled_dirs([value]))
 
 
+@pytest.mark.slow
 def test_a_batched_ladder_run_sends_every_request_of_a_call_together(tmp_path):
     # three requests on two slots: the third waits for a free slot, as post-validation's 40 do on 32
     out = tmp_path / "ladder.json"

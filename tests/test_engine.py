@@ -121,6 +121,7 @@ def test_more_requests_than_batch_slots_are_queued(tiny, E):
     assert [o.token_ids for o in outs] == [tiny.engine.generate([p], sp)[0].token_ids for p in prompts]
 
 
+@pytest.mark.slow
 def test_page_boundary_crossings(E):
     """Page size 1, 3 and 16 (prompt ends exactly on / just past a boundary) give the same tokens as HF."""
     model_dir = resolve_model("tiny-qwen3")

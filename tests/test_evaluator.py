@@ -312,6 +312,7 @@ BROKEN = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_broken_candidate_is_rejected_by_its_check(name: str, prepared: Path, tmp_path: Path) -> None:
     breaker, check = BROKEN[name]
@@ -330,6 +331,7 @@ def test_broken_candidate_is_rejected_by_its_check(name: str, prepared: Path, tm
         assert "replies for" in failed.detail
 
 
+@pytest.mark.slow
 def test_hang_in_build_times_out(prepared: Path, tmp_path: Path) -> None:
     cand = H.hang_in_build(H.copy_engine(tmp_path / "hang"))
     cfg = H.tiny_config(prepared, cand)
@@ -352,6 +354,7 @@ def dev_reference(prepared: Path, model_dir: Path, tmp_path_factory: pytest.Temp
     return wl, {p: (o["token_ids"], o["finish_reason"]) for p, o in zip(wl.dev.prompts, outs)}
 
 
+@pytest.mark.slow
 def test_outputs_hardcoded_for_dev_prompts_fail_on_heldout(dev_reference, prepared: Path, tmp_path: Path) -> None:
     _, baked = dev_reference
     result = run_gate(H.tiny_config(prepared, H.hardcode_outputs(H.copy_engine(tmp_path / "baked"), baked)))
@@ -362,6 +365,7 @@ def test_outputs_hardcoded_for_dev_prompts_fail_on_heldout(dev_reference, prepar
     assert not [n for n in _failed(result) if n.startswith("dev.")]  # indistinguishable from E0 on dev alone
 
 
+@pytest.mark.slow
 def test_dev_only_behaviour_fails_consistency(dev_reference, prepared: Path, tmp_path: Path) -> None:
     wl, _ = dev_reference
     cand = H.dev_only_batches(H.copy_engine(tmp_path / "devonly"), list(wl.dev.prompts))
@@ -401,6 +405,7 @@ def test_unsafe_workspace_is_refused(plant, reason: str, prepared: Path, tmp_pat
     assert reason in _refusal(prepared, cand)
 
 
+@pytest.mark.slow
 def test_cli_exit_codes(prepared: Path, tmp_path: Path) -> None:
     from seis.cli import app
 

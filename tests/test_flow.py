@@ -64,6 +64,7 @@ def sync_run(harness, tmp_path_factory, prepared_dir):
     return tmp_path, df, flow_run_id
 
 
+@pytest.mark.slow
 def test_sync_chain_lineage_and_fan_in(sync_run):
     tmp_path, df, _ = sync_run
     store = SnapshotStore(tmp_path / "store")
@@ -122,6 +123,7 @@ def _graph(task_runs) -> dict[str, set[str]]:
 STEPS = ("session", "prepare-workspace", "agent-edit", "build-and-gate", "snapshot", "report")
 
 
+@pytest.mark.slow
 def test_ui_task_runs_are_named_and_tagged_by_chain_and_session(sync_run):
     task_runs, _, _ = _read_back(sync_run[2])
     by_name = {t.name: t for t in task_runs}
@@ -136,6 +138,7 @@ def test_ui_task_runs_are_named_and_tagged_by_chain_and_session(sync_run):
                                                                  for t in by_name["s1 fan-in"].tags)
 
 
+@pytest.mark.slow
 def test_ui_graph_shows_only_chain_lineage_and_fan_ins(sync_run):
     task_runs, _, _ = _read_back(sync_run[2])
     graph = _graph(task_runs)
@@ -150,6 +153,7 @@ def test_ui_graph_shows_only_chain_lineage_and_fan_ins(sync_run):
                 assert graph[after] == {before}, (after, graph[after])
 
 
+@pytest.mark.slow
 def test_ui_gpu_wait_is_logged_as_waiting(sync_run):
     task_runs, logs, _ = _read_back(sync_run[2])
     gates = {str(t.id) for t in task_runs if t.name.endswith("build-and-gate")}
@@ -160,6 +164,7 @@ def test_ui_gpu_wait_is_logged_as_waiting(sync_run):
         assert waiting < acquired, messages
 
 
+@pytest.mark.slow
 def test_ui_artifacts_have_stable_keys_code_fenced_gates_and_rounded_numbers(sync_run):
     import re
     tmp_path, df, flow_run_id = sync_run
@@ -186,6 +191,7 @@ def test_ui_artifacts_have_stable_keys_code_fenced_gates_and_rounded_numbers(syn
     assert numbers and max(len(n) for n in numbers) <= 3
 
 
+@pytest.mark.slow
 def test_chain_rejected_candidate_keeps_parent_and_is_not_retried(harness, tmp_path, prepared_dir):
     lib = _library(tmp_path, broken=True)
     df = _run(tmp_path, protocol="chain", chains=1, sessions=2, agent_library=lib).set_index("session")
@@ -197,6 +203,7 @@ def test_chain_rejected_candidate_keeps_parent_and_is_not_retried(harness, tmp_p
     assert df.loc[1, "verdict"] == "no_change" and df.loc[1, "applied"] == ""   # never retried
 
 
+@pytest.mark.slow
 def test_branching_sessions_all_start_from_vanilla_and_the_best_is_post_validated(harness, tmp_path,
                                                                                    prepared_dir):
     lib = _library(tmp_path, "batched-scoring", "decode-pinned-metadata")
@@ -214,6 +221,7 @@ def test_branching_sessions_all_start_from_vanilla_and_the_best_is_post_validate
     assert json.loads((tmp_path / "run" / "postval" / "metrics.json").read_text())["gsm8k"]["delta_points"] == 0
 
 
+@pytest.mark.slow
 def test_a_candidate_the_run_already_judged_takes_that_verdict_without_a_second_gate(harness, tmp_path,
                                                                                      prepared_dir):
     """2 chains x 3 sessions, a fan-in before each: after s1 both chains hold one engine, and at s2 both try the

@@ -82,6 +82,7 @@ print(f"cases {cases}")
 '''
 
 
+@pytest.mark.slow
 def test_one_launch_decode_attention_matches_reference(tmp_path):
     t = next(t for t in load_library() if t.name == "fused-decode-attention")
     candidate = build_candidate(tmp_path / "candidate", [t])

@@ -101,6 +101,7 @@ print(f"cases {cases}")
 '''
 
 
+@pytest.mark.slow
 def test_fused_kernel_is_bitwise_e0s_sequence(tmp_path):
     t = next(t for t in load_library() if t.name == "fused-qk-rope-store")
     candidate = build_candidate(tmp_path / "candidate", [t])

@@ -87,6 +87,7 @@ def e0_gate(prepared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Gat
     return run_gate(H.tiny_config(prepared_dir, candidate))
 
 
+@pytest.mark.slow
 def test_e0_copy_passes_the_contract_checks(e0_gate: GateResult) -> None:
     assert e0_gate.verdict == "pass", e0_gate.failed_checks
     names = {c.name for c in e0_gate.checks}
@@ -130,6 +131,7 @@ ONLY_POSITIONS = H.TINY_CHECKS.model_copy(update={"n_sampling_prompts": 0, "n_st
     pytest.param(eos_despite_ignore_eos, ONLY_SAMPLING, "sampling.support", id="eos_despite_ignore_eos"),
     pytest.param(rope_clamped_at_256, ONLY_POSITIONS, "late.decode.kl", id="rope_clamped_at_256"),
 ])
+@pytest.mark.slow
 def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_dir: Path, tmp_path: Path) -> None:
     result = run_gate(H.tiny_config(prepared_dir, breaker(H.copy_engine(tmp_path / "cand")), checks=checks))
     assert result.verdict == "fail"

@@ -68,6 +68,7 @@ print(f"cases {cases}")
 '''
 
 
+@pytest.mark.slow
 def test_gate_up_gemv_returns_the_activation_of_gemv_then_silu_and_mul(tmp_path):
     library = {t.name: t for t in load_library()}
     t = library["gate-up-silu-epilogue"]

@@ -284,6 +284,7 @@ def test_eos_row_is_calibrated_and_recorded(cache, name):
     assert head[ENDOFTEXT_ID].norm().item() == pytest.approx(rec["scale"], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_tiny_qwen3_natural_length_generation_stops_at_varied_lengths(cache, E):
     """Greedy E0, EOS honoured, on seeded prompts of the natural-length workload's shape (not the calibration's)."""
     options = E.EngineOptions(device="cpu", max_batch_size=24, max_seq_len=512)

@@ -70,6 +70,7 @@ def _generate(engine_dir, requests, one_by_one: bool, **options):
         return [(o["token_ids"], o["finish_reason"]) for o in outs], eng.stats()
 
 
+@pytest.mark.slow
 def test_greedy_generation_equals_e0_with_drafts_accepted(candidate):
     free, _ = _generate(ENGINE_TEMPLATE, [(p, Sampling(max_new_tokens=40, ignore_eos=True)) for p in PROMPTS], False)
     # Prompts that end inside the loops E0 fell into: drafts are accepted from the first step. Stop ids are tokens

@@ -180,6 +180,7 @@ def _run_sync_chain(tmp_path, chains: int, sessions: int, sync_every: int) -> di
     return {c: present_in(d, ENGINE_TEMPLATE, LIBRARY) for c, d in heads.items()}
 
 
+@pytest.mark.slow
 def test_ranked_by_expected_speedup_the_issues_sync_chain_reaches_the_fast_stack(tmp_path):
     """3 chains x 6 sessions, sync every 3, every session retained: chains start from different entries among
     those with the largest measured gains, and at the end every chain holds the whole speed stack, speculation

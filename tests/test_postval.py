@@ -754,6 +754,7 @@ def test_cli_bad_input_exits_2_with_a_clear_message(args, message, tmp_path, pre
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cli_quick_run_on_tiny_qwen3(tmp_path, e0_copy, prepared_dir):
     out = seis("post-validate", "--engine", str(e0_copy), "--model", "tiny-qwen3", "--quick", "--device", "cpu",
                "--cpu-threads", "1", "--out", str(tmp_path / "pv"), "--prepared-dir", str(prepared_dir),

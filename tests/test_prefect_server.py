@@ -343,6 +343,7 @@ def _session_files(run: Path, chain: str, session: int) -> dict[str, tuple[int, 
             for name in ("agent.json", "gate.json", "outcome.json", "report.md") if (d / name).is_file()}
 
 
+@pytest.mark.slow
 def test_a_killed_flow_run_resumes_with_every_session_exactly_once(prefect_server, tmp_path):
     import pandas as pd
 
@@ -417,6 +418,7 @@ def test_a_killed_flow_run_resumes_with_every_session_exactly_once(prefect_serve
     assert freed_s < 30, f"the slot was held {freed_s:.1f} s after the kill"
 
 
+@pytest.mark.slow
 def test_a_cancelled_run_leaves_nothing_running_and_the_next_gate_starts_at_once(prefect_server, tmp_path):
     p = prefect_server
     run = tmp_path / "run"

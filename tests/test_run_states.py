@@ -205,6 +205,7 @@ def _library_that_never_applies(tmp_path: Path) -> Path:
     return tmp_path / "library"
 
 
+@pytest.mark.slow
 def test_evolve_whose_every_session_errors_exits_non_zero_and_says_failed(tmp_path):
     """`seis evolve` as a user runs it (its own Prefect server, the real flow)."""
     run = tmp_path / "run"

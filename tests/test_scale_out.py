@@ -162,6 +162,7 @@ def _wait_workers_online(api: str, pool: str, names: set[str], deadline: float, 
     raise AssertionError(f"workers {names} not online: {[p.read_text()[-2000:] for p in logs.iterdir()]}")
 
 
+@pytest.mark.slow
 def test_sync_chain_on_two_workers_matches_the_local_run(tmp_path, prepared_dir):
     t0 = time.monotonic()
     port, api, orch_store, stores, logs = _hosts(tmp_path)
@@ -291,6 +292,7 @@ sys.exit(0 if state.is_completed() else 1)
 """
 
 
+@pytest.mark.slow
 def test_a_session_lost_with_its_worker_is_redone_on_another(tmp_path, prepared_dir):
     """Worker A takes the only session and is killed with everything it started (a host gone); the orchestrator
     sees its heartbeat stop, marks that flow run Crashed and dispatches the session again; worker B runs it.
@@ -464,6 +466,7 @@ def _process_groups() -> set[int]:
     return groups
 
 
+@pytest.mark.slow
 def test_one_host_workers_script_serves_a_run_and_stops_everything(tmp_path, prepared_dir):
     """scripts/one-host-workers.sh (README): `up --cpu 1` brings a server, the pool, the deployment and a worker;
     a run dispatched to it records that worker; `down` leaves no process of any of them."""

@@ -108,6 +108,7 @@ def test_a_dvc_add_failure_is_a_not_retained_session_and_the_store_stays_usable(
     assert (store.root / sid).is_dir() and store.info(sid).dvc and _dvc_clean(repo)
 
 
+@pytest.mark.slow
 def test_a_failed_push_undoes_the_add_and_a_later_put_pushes(tmp_path):
     repo = _repo(tmp_path / "repo")
     (tmp_path / "blocker").write_text("a file, so no remote can be made under it\n")

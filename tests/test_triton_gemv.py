@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # one child process runs every case under Triton's interpreter (about a minute)
 KERNELS = ["gemv", "norm_gemv_first_layer", "norm_gemv_add", "norm_gemv_bias", "silu_mul_gemv", "lm_head_rows",
            "tile_overrides", "dispatch_above_threshold"]
 
