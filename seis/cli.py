@@ -24,11 +24,10 @@ def _fail(message: str, code: int = 2) -> None:
 @models_app.command("list")
 def models_list() -> None:
     """List the named models and whether each is prepared."""
-    from tabulate import tabulate
-
     from .models import list_models
+    from .tables import plain
     rows = [(e.spec.name, "prepared" if e.prepared else "not prepared", e.spec.description) for e in list_models()]
-    typer.echo(tabulate(rows, tablefmt="plain"))
+    typer.echo(plain(("model", "state", "what it is"), rows))
 
 
 @models_app.command("prepare")

@@ -40,8 +40,9 @@ def plain(header: Sequence[object], rows: Rows, align: Sequence[str] | None = No
                     colalign=align)
 
 
-def frame_markdown(df: pd.DataFrame, floatfmt: str = "g") -> str:
-    """The frame without its index; text cells as in markdown(), numbers through floatfmt."""
+def frame_markdown(df: pd.DataFrame, floatfmt: str | Sequence[str] = "g") -> str:
+    """The frame without its index; text cells as in markdown(), numbers through floatfmt (one, or one per
+    column)."""
     from tabulate import tabulate
 
     text = df.map(lambda v: md_cell(v) if isinstance(v, str) else v)

@@ -138,8 +138,9 @@ def run_root_of(session_dir: Path) -> Path | None:
 def summary_markdown(df) -> str:
     shown = df[["chain", "session", "verdict", "retained", "dev_speedup_vs_vanilla", "dev_speedup_vs_parent",
                 "applied", "adopted", "synced_from", "snapshot", "reasons", "wall_s"]]
-    shown = shown.assign(reasons=shown["reasons"].astype(str).str.replace("|", "\\|").str.replace("\n", " "))
+    from ..tables import frame_markdown
+    shown = shown.assign(reasons=shown["reasons"].astype(str))
     # speedups to 3 decimals, wall seconds to 1 (a per-column format)
     floatfmt = [{"dev_speedup_vs_vanilla": ".3f", "dev_speedup_vs_parent": ".3f", "wall_s": ".1f"}.get(c, "g")
                 for c in shown.columns]
-    return shown.to_markdown(index=False, floatfmt=floatfmt)
+    return frame_markdown(shown, floatfmt)
