@@ -18,6 +18,8 @@ from uuid import UUID
 import pytest
 
 import flows  # noqa: F401  (SEIS's Prefect settings, before the test server starts)
+from polling import until
+
 
 LIMIT = "seis-gpu-test-cancel"
 
@@ -75,14 +77,6 @@ def _state(flow_run_id) -> str:
 def _active() -> int:
     with _client() as client:
         return client.read_global_concurrency_limit_by_name(LIMIT).active_slots
-
-
-def _until(check, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.1)
-    return value
 
 
 def _group_alive(pgid: int) -> bool:
@@ -188,8 +182,8 @@ def test_the_cancel_watch_kills_the_runs_process_groups_frees_its_slots_and_canc
             time.sleep(0.1)
         raise RuntimeError("the session's gate failed: its engines were killed under it")
     assert watch.requested                                          # the error above was the cancellation's
-    _until(lambda: not _group_alive(bench.pid), 5, "the benchmark's process group killed")
-    _until(lambda: _active() == 0, 5, "the run's GPU slot released")
+    until(lambda: not _group_alive(bench.pid), 5, "the benchmark's process group killed")
+    until(lambda: _active() == 0, 5, "the run's GPU slot released")
     assert time.monotonic() - t0 < 6
     assert not registry().leases(api_key())
     assert _state(running_session) == "CANCELLING"                 # its worker kills it
@@ -253,7 +247,7 @@ def test_a_cancelled_flow_stops_its_gate_and_serves_no_queued_gate(home):
     proc = subprocess.Popen([sys.executable, "-c", RUN, str(out)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        _until(lambda: (out / "c0.pgid").exists() or proc.poll() is not None, 90, "the first gate's engine")
+        until(lambda: (out / "c0.pgid").exists() or proc.poll() is not None, 90, "the first gate's engine")
         assert proc.poll() is None, proc.communicate()[0]
         flow_run, engine = (out / "flow_run").read_text(), int((out / "c0.pgid").read_text())
         time.sleep(1.0)                                    # the second gate is queued for the slot
@@ -262,8 +256,8 @@ def test_a_cancelled_flow_stops_its_gate_and_serves_no_queued_gate(home):
         with _client() as client:                          # what `prefect flow-run cancel` does
             client.set_flow_run_state(UUID(flow_run), Cancelling(message="cancelled by the test"))
         t0 = time.monotonic()
-        _until(lambda: not _group_alive(engine), 10, "the gate's engine killed")
-        _until(lambda: _active() == 0, 10, "the slot freed")
+        until(lambda: not _group_alive(engine), 10, "the gate's engine killed")
+        until(lambda: _active() == 0, 10, "the slot freed")
         freed_s = time.monotonic() - t0
         proc.wait(timeout=60)
         log = proc.stdout.read()

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from uuid import UUID
 
 import flows  # noqa: F401  (SEIS's Prefect settings, before the test server starts)
+from polling import until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "scripts" / "one-host-workers.sh"
@@ -26,14 +27,6 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"   # this host's init may leave zombies unreaped
-
-
-def _until(check, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.1)
-    return value
 
 
 def _start_as_the_script_does(state: Path, name: str, code: str, *args: str) -> int:
@@ -61,9 +54,9 @@ def test_a_worker_the_script_starts_stops_on_one_sigterm(tmp_path):
     ready = tmp_path / "ready"
     pid = _start_as_the_script_does(tmp_path, "worker-0", WORKER, str(ready))
     try:
-        _until(lambda: ready.exists(), 60, "the worker's signal handlers")
+        until(lambda: ready.exists(), 60, "the worker's signal handlers")
         os.killpg(pid, signal.SIGTERM)
-        _until(lambda: not _alive(pid), 5, "the worker stopped by SIGTERM")
+        until(lambda: not _alive(pid), 5, "the worker stopped by SIGTERM")
     finally:
         if _alive(pid):
             os.killpg(pid, signal.SIGKILL)
@@ -71,6 +64,7 @@ def test_a_worker_the_script_starts_stops_on_one_sigterm(tmp_path):
 
 RECORDS_SIGTERM = """
 import signal, sys, time
+
 def stop(*_):
     open(sys.argv[1], "w").write(repr(time.time()))
     sys.exit(0)
@@ -97,7 +91,7 @@ def test_down_ends_the_sessions_in_flight_first_then_the_workers_then_the_server
     worker = _start_as_the_script_does(state, "worker-0", WORKER_WITH_SESSION, str(ended["worker"]),
                                        str(ended["session"]), SERVER, str(ready["session"]))
     try:
-        _until(lambda: all(p.exists() for p in ready.values()), 30, "the server and the session")
+        until(lambda: all(p.exists() for p in ready.values()), 30, "the server and the session")
         t0 = time.monotonic()
         down = subprocess.run(["bash", str(SCRIPT), "down", "--state", str(state)], capture_output=True, text=True,
                               timeout=120)
