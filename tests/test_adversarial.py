@@ -196,14 +196,26 @@ def assert_gains_nothing(gate: Gate, again: Callable[[], Gate] | None = None) ->
 
 
 # --- the control: an honest engine passes this very harness -----------------------------------------------------
+def _outside_noise(gate: Gate) -> list[str]:
+    """The candidate speed rows whose ratio is missing or outside the noise band around 1.0."""
+    return [f"{row.workload}: {row.vs_vanilla}" for row in gate.result.speed.rows if row.engine == "candidate"
+            and not (row.vs_vanilla is not None and 1 / MAX_HONEST_SPEEDUP <= row.vs_vanilla <= MAX_HONEST_SPEEDUP)]
+
+
 def test_e0_copy_passes_this_harness(arena: Arena, tmp_path: Path) -> None:
-    """Without this, a harness whose gate rejected everything would make every attack below look defeated."""
+    """Without this, a harness whose gate rejected everything would make every attack below look defeated.
+
+    A ratio outside the band is measured once more, as for the attacks: a 15-token single request on a loaded
+    CPU has outliers (1.53x between identical engines under three test processes), a biased harness errs on
+    every run."""
     gate = _gate_in_process(arena, "e0_copy", tmp_path)
     assert gate.reference_failure is None, gate.reference_failure
     assert gate.result.verdict == "pass", _summary(gate)
-    rows = [row for row in gate.result.speed.rows if row.engine == "candidate"]
-    assert rows and all(row.vs_vanilla is not None and 1 / MAX_HONEST_SPEEDUP <= row.vs_vanilla <= MAX_HONEST_SPEEDUP
-                        for row in rows), _summary(gate)
+    assert [row for row in gate.result.speed.rows if row.engine == "candidate"], _summary(gate)
+    if _outside_noise(gate):
+        gate = _gate_in_process(arena, "e0_copy", tmp_path / "again")
+        assert gate.result is not None and gate.result.verdict == "pass", _summary(gate)
+    assert not _outside_noise(gate), _summary(gate)
 
 
 # --- speed attacks: rejected or no faster than E0 --------------------------------------------------------------
