@@ -154,6 +154,33 @@ def test_eos_and_stop_tokens_end_generation(tiny, E):
     assert stopped.token_ids == out.token_ids[: first + 1] and stopped.finish_reason == "stop"
 
 
+def test_overlapped_decode_stops_each_request_where_it_would_alone(tiny, E):
+    """Decode runs one step ahead of the host: rows that stop on a token (stop id), by their own length or at
+    the context limit (whose pages end there) in one batch, beside a sampled row, end exactly as they do alone,
+    and a row run past its stop adds nothing to the counted tokens."""
+    base = tiny.engine.generate([tiny.prompts[0]], E.SamplingParams(max_new_tokens=12, ignore_eos=True))[0]
+    requests = [
+        (tiny.prompts[0], E.SamplingParams(max_new_tokens=12, stop_token_ids=(base.token_ids[4],))),
+        (tiny.prompts[1], E.SamplingParams(max_new_tokens=3, ignore_eos=True)),
+        ([3] * 250, E.SamplingParams(max_new_tokens=40, ignore_eos=True)),   # ends at max_seq_len 256
+        (tiny.prompts[2], E.SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True)),
+    ]
+    alone = [tiny.engine.generate([p], sp)[0] for p, sp in requests]
+    before = tiny.engine.stats()
+    together = tiny.engine.generate([p for p, _ in requests], [sp for _, sp in requests])
+    after = tiny.engine.stats()
+    assert together == alone
+    assert [o.finish_reason for o in together] == ["stop", "length", "length", "length"]
+    assert len(together[2].token_ids) == 6
+    assert after["generated_tokens"] - before["generated_tokens"] == sum(len(o.token_ids) for o in together)
+    # one step per token after the prefill's, plus at most one step ahead past a stop id
+    assert after["decode_steps"] - before["decode_steps"] <= 16 - 1 + 1
+    # rows that end by length are known to end: not one step is wasted on them
+    before = tiny.engine.stats()["decode_steps"]
+    tiny.engine.generate(tiny.prompts[:2], [E.SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (5, 9)])
+    assert tiny.engine.stats()["decode_steps"] - before == 9 - 1
+
+
 @pytest.mark.parametrize("prompt, params, message", [
     ([], {}, "non-empty"),
     ([1] * 300, {}, "context limit"),
