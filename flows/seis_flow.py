@@ -19,7 +19,7 @@ module only dispatches them, as Prefect tasks (TaskSessions).
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Optional
 
 from prefect import flow, tags, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -29,13 +29,13 @@ from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from flows.runtime import quiet_thread_timeout_notice
-from seis.config import AgentKind, Protocol, RunConfig
+from seis.config import RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.sandbox import interrupt_on_exit_signal
 from seis.session import ChainState, RunDir, SessionOutcome, SessionResult, session_spec, upstream_is_vanilla
 from seis.session.dispatch import adopt_recorded, peer_refs, session_request
 from seis.session.display import rounded, run_label, run_tags, session_markdown, summary_artifact_markdown
-from seis.session.params import ParameterError, described, resolve_config, run_param
+from seis.session.params import ParameterError, described, resolve_config, with_run_parameters
 from seis.session.preflight import preflight_run
 from seis.session.progress import best_record, pick_best_of_run, run_failure
 from seis.session.protocol import gather_peers, pin_vanilla
@@ -80,41 +80,9 @@ def fan_in_task(config: RunConfig, states: dict[str, ChainState], session: int) 
 
 
 @flow(name="seis", log_prints=True, on_cancellation=[release_run], on_crashed=[release_run])
+@with_run_parameters
 def seis(config: Annotated[Optional[RunConfig | dict], described(CONFIG_TEXT)] = None,
-         resume: Annotated[Optional[str], described(RESUME_TEXT)] = None,
-         protocol: Annotated[Optional[Protocol], run_param("protocol")] = None,
-         chains: Annotated[Optional[int], run_param("chains")] = None,
-         sessions: Annotated[Optional[int], run_param("sessions")] = None,
-         sync_every: Annotated[Optional[int], run_param("sync_every")] = None,
-         model: Annotated[Optional[str], run_param("model")] = None,
-         agent: Annotated[Optional[AgentKind], run_param("agent")] = None,
-         gate: Annotated[Optional[Literal["smoke", "quick", "full"]], run_param("gate")] = None,
-         device: Annotated[Optional[Literal["auto", "cpu", "cuda"]], run_param("device")] = None,
-         seed: Annotated[Optional[int], run_param("seed")] = None,
-         objective: Annotated[Optional[Literal["single", "throughput", "both", "none"]],
-                              run_param("objective")] = None,
-         post_validate: Annotated[Optional[Literal["off", "quick", "full"]], run_param("post_validate")] = None,
-         out: Annotated[Optional[str], run_param("out")] = None,
-         store: Annotated[Optional[str], run_param("store")] = None,
-         base_engine: Annotated[Optional[str], run_param("base_engine")] = None,
-         agent_library: Annotated[Optional[str], run_param("agent_library")] = None,
-         max_transformations: Annotated[Optional[int], run_param("max_transformations")] = None,
-         agent_model: Annotated[Optional[str], run_param("agent_model")] = None,
-         agent_base_url: Annotated[Optional[str], run_param("agent_base_url")] = None,
-         agent_command: Annotated[Optional[str], run_param("agent_command")] = None,
-         max_turns: Annotated[Optional[int], run_param("max_turns")] = None,
-         max_tokens: Annotated[Optional[int], run_param("max_tokens")] = None,
-         max_cost_usd: Annotated[Optional[float], run_param("max_cost_usd")] = None,
-         prompt_template: Annotated[Optional[str], run_param("prompt_template")] = None,
-         agent_prices: Annotated[Optional[dict[str, list[float]]], run_param("agent_prices")] = None,
-         agent_max_retries: Annotated[Optional[int], run_param("agent_max_retries")] = None,
-         agent_wall_s: Annotated[Optional[float], run_param("agent_wall_s")] = None,
-         agent_network: Annotated[Optional[Literal["none", "api", "host"]], run_param("agent_network")] = None,
-         agent_api_endpoints: Annotated[Optional[list[str]], run_param("agent_api_endpoints")] = None,
-         agent_pass_env: Annotated[Optional[list[str]], run_param("agent_pass_env")] = None,
-         dispatch: Annotated[Optional[Literal["local", "workers"]], run_param("dispatch")] = None,
-         session_deployment: Annotated[Optional[str], run_param("session_deployment")] = None,
-         ):
+         resume: Annotated[Optional[str], described(RESUME_TEXT)] = None, **fields):
     """Run one SEIS evolution; returns the run directory (summary.parquet, summary.md, per-session files).
 
     Every parameter left unset takes `config`'s value, else RunConfig's default (each parameter's description says
@@ -128,9 +96,8 @@ def seis(config: Annotated[Optional[RunConfig | dict], described(CONFIG_TEXT)] =
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
-    overrides = {k: v for k, v in locals().items() if k in RunConfig.model_fields}
     try:
-        resolved = resolve_config(config, overrides, resume)
+        resolved = resolve_config(config, fields, resume)
         run_config = resolved.config
         if run_config.dispatch == "workers":
             _check_workers_reachable(run_config)

@@ -4,8 +4,10 @@ and its messages name the parameter to fix; `run_param` carries RunConfig's desc
 parameter of the same name, so a deployment's form shows them and the server refuses a value out of bounds."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Callable, Optional, TypeVar
 
 from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -38,6 +40,22 @@ def run_param(name: str) -> FieldInfo:
     if field.default not in (None, PydanticUndefined):
         text += f" (default {field.default})"
     return described(text, **bounds)
+
+
+F = TypeVar("F", bound=Callable)
+
+
+def with_run_parameters(fn: F) -> F:
+    """Give `fn(..., **fields)` one keyword parameter per RunConfig field, with RunConfig's type, description and
+    bounds (an unset one is None: the config's value). Prefect reads a flow's parameters from its signature, so
+    the run form, the server's schema check and the flow's validation all follow RunConfig, written once."""
+    signature = inspect.signature(fn, eval_str=True)  # a module with postponed annotations holds strings
+    own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    fields = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                annotation=Annotated[Optional[f.annotation], run_param(name)])
+              for name, f in RunConfig.model_fields.items()]
+    fn.__signature__ = signature.replace(parameters=own + fields)
+    return fn
 
 
 @dataclass(frozen=True)
