@@ -25,8 +25,8 @@ from .sampling import SamplingParams, sample
 class DecodeStep:
     """A launched decode step: its rows, logits and chosen tokens, all still on the device."""
     rows: list[Request]
-    logits: torch.Tensor
-    tokens: torch.Tensor
+    logits: torch.Tensor  # a graph's output buffer, rewritten by the next step: read later only for forced rows,
+    tokens: torch.Tensor  # which never run ahead
 
 
 @dataclass(frozen=True)
