@@ -29,8 +29,8 @@ from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from flows.runtime import quiet_thread_timeout_notice
-from seis.config import RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
+from seis.run_config import RunConfig
 from seis.sandbox import interrupt_on_exit_signal
 from seis.session import ChainState, RunDir, SessionOutcome, SessionResult, session_spec, upstream_is_vanilla
 from seis.session.dispatch import adopt_recorded, peer_refs, session_request

@@ -26,7 +26,7 @@ def models_list() -> None:
     """List the named models and whether each is prepared."""
     from .models import list_models
     from .tables import plain
-    rows = [(e.spec.name, "prepared" if e.prepared else "not prepared", e.spec.description) for e in list_models()]
+    rows = [(m.entry.name, "prepared" if m.prepared else "not prepared", m.entry.description) for m in list_models()]
     typer.echo(plain(("model", "state", "what it is"), rows))
 
 
@@ -182,7 +182,7 @@ def _run_config_options(command):
     the field's description as help, its default shown, None when not given (the resolved config then has the
     field's default). Literal fields are choices, bools --flag/--no-flag, lists repeatable or comma-separated,
     other structures JSON; bounds are RunConfig's to check (its one-line message names the option)."""
-    from .config import RunConfig
+    from .run_config import RunConfig
 
     def option(name: str, field) -> inspect.Parameter:
         kind = field.annotation

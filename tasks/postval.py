@@ -7,8 +7,8 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from seis.config import RunConfig
 from seis.postval import make_config, run_post_validation
+from seis.run_config import RunConfig
 from seis.store import SnapshotStore
 
 from .artifacts import stable_key

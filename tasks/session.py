@@ -16,8 +16,8 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-from seis.config import RunConfig
 from seis.evaluator import render_gate_for_agents
+from seis.run_config import RunConfig
 from seis.session import (Retention, SessionOutcome, SessionResult, SessionSpec, decide, judge, needs_gate,
                           not_gated, prepare, record, run_agent, snapshot_or_keep_parent)
 from seis.session.display import run_label, session_markdown

@@ -31,13 +31,13 @@ def test_a_ladder_run_reports_each_engines_counters_and_how_drafts_fared(tmp_pat
                            "--reps", "3", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
-    spec = "E0 + greedy-multistep-decode + ngram-speculation"
-    assert list(result["engines"]) == ["E0", "E0 + greedy-multistep-decode", spec]
-    assert all(a == 48 for a in result["greedy_prefix_equal_to_e0"][spec])        # lossless
-    stats = result["engines"][spec]["stats"]
+    speculative = "E0 + greedy-multistep-decode + ngram-speculation"
+    assert list(result["engines"]) == ["E0", "E0 + greedy-multistep-decode", speculative]
+    assert all(a == 48 for a in result["greedy_prefix_equal_to_e0"][speculative])  # lossless
+    stats = result["engines"][speculative]["stats"]
     assert stats["verify_steps"] > 0 and stats["generated_tokens"] == 4 * 48       # warm-up + 3 repetitions
     assert "verify_steps" not in result["engines"]["E0"]["stats"]
-    line = next(x for x in done.stdout.splitlines() if spec in x)
+    line = next(x for x in done.stdout.splitlines() if speculative in x)
     assert f"{stats['accepted_draft_tokens']}/{stats['draft_tokens']} tokens accepted" in line
 
 

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 import flows  # noqa: F401  (SEIS's Prefect settings, before the test server starts)
-from seis.config import RunConfig
 from seis.engine_import import ENGINE_TEMPLATE
+from seis.run_config import RunConfig
 
 
 # ---- host failure --------------------------------------------------------------------------------------------------
@@ -29,8 +29,8 @@ def _engine(tmp_path: Path, init: str) -> Path:
 
 
 def _handle(engine: Path, trusted: bool = False):
-    from seis.evaluator.config import IsolationConfig
     from seis.evaluator.engines import Deadline, EngineHandle
+    from seis.evaluator.gate_config import IsolationConfig
     from seis.evaluator.isolation import make_isolation
     from seis.models import resolve_model
     return EngineHandle("candidate", engine, resolve_model("tiny-qwen3"), {"device": "cpu"},

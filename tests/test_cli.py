@@ -67,7 +67,7 @@ def evolve_options() -> dict:
 
 
 def test_every_run_config_field_is_an_evolve_option_described_as_in_run_config():
-    from seis.config import RunConfig
+    from seis.run_config import RunConfig
     options = evolve_options()
     assert set(options) == set(RunConfig.model_fields) | {"resume"}
     for name, field in RunConfig.model_fields.items():

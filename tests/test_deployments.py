@@ -24,12 +24,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MIN_GAP = dt.timedelta(minutes=60)  # between any two deployments' scheduled starts
 
 
-def _spec() -> dict:
+def _prefect_yaml() -> dict:
     return yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text(encoding="utf-8"))
 
 
 def _deployments() -> dict[str, dict]:
-    return {d["name"]: d for d in _spec()["deployments"]}
+    return {d["name"]: d for d in _prefect_yaml()["deployments"]}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def flows() -> dict:
 
 def test_prefect_yaml_matches_the_installed_prefect_schema():
     from tasks.prefect_private import prefect_yaml_model
-    model = prefect_yaml_model().model_validate(_spec())
+    model = prefect_yaml_model().model_validate(_prefect_yaml())
     assert {d.name for d in model.deployments} == set(_deployments())
     assert {"branching", "chain", "sync-chain", "cpu-smoke"} <= set(_deployments())
 
@@ -105,7 +105,7 @@ def test_deployments_fit_their_machine():
 def test_parameters_validate_against_the_flow_signature(flows):
     from prefect.utilities.schema_tools import validate
 
-    from seis.config import RunConfig
+    from seis.run_config import RunConfig
     for name, d in _deployments().items():
         flow, params = flows[d["entrypoint"]], d["parameters"]
         accepted = set(inspect.signature(flow.fn).parameters)
@@ -122,7 +122,7 @@ def _refused(flow, params: dict) -> bool:
     """Whether the server's schema check, the flow's own validation or RunConfig refuses params."""
     from prefect.utilities.schema_tools import validate
 
-    from seis.config import RunConfig
+    from seis.run_config import RunConfig
     checks = (lambda: validate(params, flow.parameters.model_dump(), raise_on_error=True, ignore_required=True),
               lambda: flow.validate_parameters(params), lambda: RunConfig(**params))
     for check in checks:
@@ -192,7 +192,7 @@ def test_every_parameter_is_described_and_bounded(flows):
 def test_flow_parameters_are_run_config_fields(flows):
     """RunConfig is the one definition: each flow parameter shows its field's type, choices, bounds and
     description."""
-    from seis.config import RunConfig
+    from seis.run_config import RunConfig
     fields = RunConfig.model_json_schema()["properties"]
     for flow in flows.values():
         properties = _parameter_schema(flow)["properties"]

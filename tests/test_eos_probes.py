@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from seis.config import RunConfig
 from seis.evaluator import GateResult, SpeedConfig, run_gate
 from seis.evaluator.correctness import Runs, _mine_probes
 from seis.evaluator.engines import GenerationOut
 from seis.evaluator.workloads import CHAT_PROBE_QUESTIONS, PromptSet, load_gate_workloads
 from seis.models import resolve_model
+from seis.run_config import RunConfig
 from seis.session.steps import gate_config
 
 import evaluator_helpers as H

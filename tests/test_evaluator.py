@@ -42,7 +42,7 @@ def e0_gate(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> GateRes
     tmp = tmp_path_factory.mktemp("e0")
     candidate = H.copy_engine(tmp / "candidate")
     secrets = (prepared / "gsm8k_test.jsonl", prepared / "manifest.json",
-               Path(seis.evaluator.__file__).parent / "config.py")
+               Path(seis.evaluator.__file__).parent / "gate_config.py")
     assert all(p.exists() for p in secrets)
     parent = H.introspecting(H.copy_engine(tmp / "parent"), secrets)
     speed = SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8)

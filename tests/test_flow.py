@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from seis.config import RunConfig
+from seis.run_config import RunConfig
 from seis.session.params import resolve_config
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.store import SnapshotStore
@@ -315,8 +315,8 @@ def test_unwritable_or_used_output_dir_is_refused(tmp_path):
 
 def test_prefect_yaml_deployments_are_valid_runs():
     import yaml
-    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())
-    names = {d["name"]: d for d in spec["deployments"]}
+    prefect_yaml = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())
+    names = {d["name"]: d for d in prefect_yaml["deployments"]}
     assert {"branching", "chain", "sync-chain"} <= set(names)
     for name, d in names.items():
         assert d["entrypoint"] == "flows/seis_flow.py:seis" and d["schedules"]

@@ -29,8 +29,8 @@ from seis.evaluator.checks import (
     top_probability,
     well_conditioned_top_p,
 )
-from seis.evaluator.config import CheckSizes, GateThresholds, SpeedConfig
 from seis.evaluator.engines import GenerationOut
+from seis.evaluator.gate_config import CheckSizes, GateThresholds, SpeedConfig
 from seis.evaluator.workloads import load_gate_workloads, read_model_limits
 from seis.models import resolve_model
 

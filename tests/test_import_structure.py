@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("flows", ("flows",)),
     ("tasks", ("tasks",)),
     ("session", ("seis.session",)),
-    ("config", ("seis.config",)),           # RunConfig.preflight checks the agent, model and engine it names
+    ("run_config", ("seis.run_config",)),   # RunConfig.preflight checks the agent, model and engine it names
     ("postval", ("seis.postval",)),
     ("agents", ("seis.agents",)),
     ("evaluator", ("seis.evaluator",)),
@@ -141,7 +141,7 @@ def _layer_of(module: str) -> int | None:
 def test_the_graph_is_read():
     graph = _graph()
     assert {"seis.cli", "flows.seis_flow", "tasks.gpu", "seis.session.steps"} <= set(graph)
-    assert "seis.config" in graph["seis.session.steps"]          # from ..config import ...
+    assert "seis.run_config" in graph["seis.session.steps"]      # from ..run_config import ...
     assert "seis.session.display" in graph["tasks.artifacts"]    # from seis.session.display import ...
     assert "tasks.slot_wait" in graph["tasks.gpu"]               # lazy, inside a function
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from seis.config import RunConfig
+from seis.run_config import RunConfig
 from seis.session.resume import finished
 from seis.session.reuse import reused_from
 from seis.session.rundir import RunDir

@@ -20,7 +20,7 @@ from seis.agents.llm.pricing import price_for
 from seis.agents.llm.prompt import load_template, render_prompt
 from seis.agents.llm.redact import Redactor
 from seis.agents.llm.confine import AgentSandbox
-from seis.agents.llm.tools import TOOL_SPECS, Toolbox
+from seis.agents.llm.tools import TOOL_DEFINITIONS, Toolbox
 from seis.agents.report import SessionBlock, render_report
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.workspace import PeerMaterial, Report, prepare_workspace
@@ -108,7 +108,7 @@ def test_scripted_session_edits_benchmarks_and_finishes(tmp_path, env, kind):
     first, second, fourth = api.requests[0], api.requests[1], api.requests[3]
     if kind == "anthropic":
         assert _key_sent(first) == FAKE_KEY and first.body["max_tokens"] <= 10_000
-        assert {t["name"] for t in first.body["tools"]} == {s.name for s in TOOL_SPECS}
+        assert {t["name"] for t in first.body["tools"]} == {tool.name for tool in TOOL_DEFINITIONS}
         assert all("input_schema" in t for t in first.body["tools"])
         result_block = second.body["messages"][-1]["content"][0]
         assert result_block["type"] == "tool_result" and result_block["tool_use_id"] == "toolu_1_0"
@@ -117,7 +117,7 @@ def test_scripted_session_edits_benchmarks_and_finishes(tmp_path, env, kind):
     else:
         assert _key_sent(first) == FAKE_KEY
         assert first.body["messages"][0]["role"] == "system"
-        assert {t["function"]["name"] for t in first.body["tools"]} == {s.name for s in TOOL_SPECS}
+        assert {t["function"]["name"] for t in first.body["tools"]} == {tool.name for tool in TOOL_DEFINITIONS}
         tool_msg = second.body["messages"][-1]
         assert tool_msg["role"] == "tool" and tool_msg["tool_call_id"] == "call_1_0"
         assert DOCSTRING in tool_msg["content"]
@@ -385,7 +385,7 @@ def test_cli_agent_failures_end_cleanly(tmp_path, monkeypatch):
 # --- wiring: config validation and make_agent -------------------------------------------------------------------
 
 def test_make_agent_and_preflight(tmp_path, env, monkeypatch):
-    from seis.config import RunConfig
+    from seis.run_config import RunConfig
     from seis.session.steps import AGENTS_AVAILABLE, make_agent
     assert {"anthropic", "openai", "cli"} <= set(AGENTS_AVAILABLE)
     for kind, var in [("anthropic", "ANTHROPIC_API_KEY"), ("openai", "OPENAI_API_KEY")]:
@@ -418,7 +418,7 @@ def test_evolve_refuses_a_missing_key_before_any_work(tmp_path):
 
 
 def test_sdks_are_imported_lazily():
-    code = ("import sys, seis.agents.llm, seis.session.steps, seis.config; "
+    code = ("import sys, seis.agents.llm, seis.session.steps, seis.run_config; "
             "print(sorted(m for m in ('anthropic', 'openai') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
@@ -428,7 +428,7 @@ def test_cli_network_policy_is_configured_and_checked(monkeypatch):
     from pydantic import ValidationError
 
     from seis.agents.llm.settings import api_endpoints
-    from seis.config import RunConfig
+    from seis.run_config import RunConfig
     from seis.session.steps import make_agent
     with pytest.raises(ValidationError, match="cli agent only"):
         RunConfig(agent="openai", agent_network="host")

@@ -72,10 +72,10 @@ def test_incomplete_dir_is_rebuilt(cache):
     path = cache / "models" / "tiny-llama"
     path.mkdir(parents=True)
     (path / "config.json").write_text("{}")  # e.g. left behind by something other than prepare_model
-    assert {m.spec.name: m.prepared for m in list_models()}["tiny-llama"] is False
+    assert {m.entry.name: m.prepared for m in list_models()}["tiny-llama"] is False
     prepare_model("tiny-llama")
     assert json.loads((path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
-    assert {m.spec.name: m.prepared for m in list_models()}["tiny-llama"] is True
+    assert {m.entry.name: m.prepared for m in list_models()}["tiny-llama"] is True
 
 
 def test_byte_tokenizer_round_trip_and_chat_template(cache):
@@ -131,11 +131,11 @@ def test_qwen3_0_6b_random_config_and_tensor_determinism():
 
 
 def test_list_models(cache):
-    models = {m.spec.name: m for m in list_models()}
+    models = {m.entry.name: m for m in list_models()}
     assert set(models) == {"smollm2-135m-instruct", "qwen3-0.6b-random", "tiny-qwen3", "tiny-llama"}
     assert not any(m.prepared for m in models.values())
     prepare_model("tiny-qwen3")
-    status = {m.spec.name: m for m in list_models()}["tiny-qwen3"]
+    status = {m.entry.name: m for m in list_models()}["tiny-qwen3"]
     assert status.prepared and status.path == cache / "models" / "tiny-qwen3"
 
 

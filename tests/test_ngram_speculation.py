@@ -23,7 +23,7 @@ PROMPTS = [[5, 17, 33, 100, 7], [9] * 13, list(range(3, 40)), [200], [1, 2, 3, 4
 
 @pytest.fixture(scope="module")
 def candidate(tmp_path_factory):
-    return build_candidate(tmp_path_factory.mktemp("spec") / "engine", with_prerequisites(ENTRY))
+    return build_candidate(tmp_path_factory.mktemp("speculation") / "engine", with_prerequisites(ENTRY))
 
 
 def _speculation_module(candidate):

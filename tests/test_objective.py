@@ -50,7 +50,7 @@ def test_an_unknown_objective_is_refused():
 
 
 def test_the_objective_defaults_to_both_on_cuda_and_none_elsewhere(tmp_path):
-    from seis.config import RunConfig
+    from seis.run_config import RunConfig
     assert RunConfig(device="cuda", out=tmp_path / "a").objective == "both"
     assert RunConfig(device="cpu", out=tmp_path / "b").objective == "none"
     assert RunConfig(device="cpu", objective="throughput", out=tmp_path / "c").objective == "throughput"

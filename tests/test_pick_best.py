@@ -17,16 +17,16 @@ def test_a_parent_its_child_beat_in_one_gate_is_not_the_best_whatever_other_gate
     # the shape the second sync-3 run on the H200 had: s4 measured 6.32x in its gate, s5 5.90x in another, and
     # s5's gate timed s5 at 1.05x s4 itself
     s3 = outcome("c0", 3, "p2", "five", 2.83, 1.5)
-    s4 = outcome("c0", 4, "five", "spec", 6.32, 2.12)
-    s5 = outcome("c2", 5, "spec", "spec+epilogue", 5.90, 1.05)
+    s4 = outcome("c0", 4, "five", "ngram", 6.32, 2.12)
+    s5 = outcome("c2", 5, "ngram", "ngram+epilogue", 5.90, 1.05)
     assert pick_best([s3, s4, s5]) is s5
 
 
 def test_without_a_faster_child_the_highest_ratio_over_vanilla_wins():
-    s4 = outcome("c0", 4, "five", "spec", 6.32, 2.12)
-    slower_child = outcome("c0", 5, "spec", "spec+x", 5.90, 0.97)
+    s4 = outcome("c0", 4, "five", "ngram", 6.32, 2.12)
+    slower_child = outcome("c0", 5, "ngram", "ngram+x", 5.90, 0.97)
     other_lineage = outcome("c1", 5, "other", "y", 3.00, 1.20)
-    rejected = outcome("c2", 5, "spec", "spec+z", 9.00, 1.50, retained=False)
+    rejected = outcome("c2", 5, "ngram", "ngram+z", 9.00, 1.50, retained=False)
     assert pick_best([s4, slower_child, other_lineage, rejected]) is s4
     assert pick_best([rejected]) is None
 

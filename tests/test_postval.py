@@ -563,7 +563,7 @@ class _Scorer:
 def _judged(cand: list[Timing], van: list[Timing], max_new: int = 4, natural: bool = True, stop_gap: float = 0.0,
             length_tolerance: float = 0.10):
     from seis.engine_host.client import Sampling
-    from seis.postval.config import PostValConfig
+    from seis.postval.postval_config import PostValConfig
     from seis.postval.speed import VanillaScorer, judge_timed, timed_rules
 
     config = PostValConfig.model_construct(timed_min_valid=0.97, timed_margin=0.3,

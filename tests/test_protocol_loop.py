@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from seis.config import RunConfig
+from seis.run_config import RunConfig
 from seis.session import ChainState, RunDir, SessionOutcome, SessionResult, run_rounds, session_spec
 from seis.session.lineage import fan_in
 from seis.workspace import Report

@@ -22,7 +22,7 @@ import pytest
 
 import flows  # noqa: F401  (SEIS's Prefect settings, before the test server starts)
 
-from seis.config import RunConfig
+from seis.run_config import RunConfig
 from seis.session.resources import scratch_dir
 
 LIBRARY = Path(__file__).resolve().parents[1] / "seis" / "agents" / "offline" / "library"

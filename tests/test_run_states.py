@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from seis.config import RunConfig
 from seis.evaluator.schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
+from seis.run_config import RunConfig
 from seis.session import RunDir, pick_best
 from seis.session.progress import (GainNoise, gain_noise, pick_best_of_run, progress_line, run_failure,
                                    session_gain_noise, session_line, within_noise)

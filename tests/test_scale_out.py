@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from seis.config import RunConfig
+from seis.run_config import RunConfig
 from seis.session.dispatch import SessionReply
 from seis.session.timeline import gate_spans, most_at_once_per_lane
 from seis.store import SnapshotStore, dvc_command
@@ -286,7 +286,7 @@ def _descendants(pid: int) -> list[int]:
 
 ORCHESTRATOR = """import sys
 from flows.seis_flow import seis
-from seis.config import RunConfig
+from seis.run_config import RunConfig
 state = seis(RunConfig.model_validate_json(sys.argv[1]), return_state=True)
 sys.exit(0 if state.is_completed() else 1)
 """
@@ -441,9 +441,9 @@ def test_session_deployments_load_and_fit_their_pools():
 
     from tasks.prefect_private import prefect_yaml_model
 
-    spec = yaml.safe_load((REPO_ROOT / "flows" / "session-deployments.yaml").read_text())
-    prefect_yaml_model().model_validate(spec)
-    deployments = {d["name"]: d for d in spec["deployments"]}
+    prefect_yaml = yaml.safe_load((REPO_ROOT / "flows" / "session-deployments.yaml").read_text())
+    prefect_yaml_model().model_validate(prefect_yaml)
+    deployments = {d["name"]: d for d in prefect_yaml["deployments"]}
     assert {n: (d["work_pool"]["name"], d["work_pool"]["work_queue_name"]) for n, d in deployments.items()} == \
         {"cuda": ("seis-cuda", "sessions"), "cpu": ("seis-cpu", "sessions")}
     assert RunConfig().session_deployment == "seis-session/cuda"

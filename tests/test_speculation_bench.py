@@ -8,7 +8,7 @@ from seis.benchmarks import speculation
 
 
 def test_speculation_benchmark_counters_and_greedy_tokens(prepared_dir, tmp_path, capsys):
-    out = tmp_path / "spec.json"
+    out = tmp_path / "speculation.json"
     result = speculation.main(["--model", "tiny-qwen3", "--gsm8k", "2", "--retrieval", "1", "--max-new-tokens", "64",
                                "--check", "3", "--json", str(out)])
     assert json.loads(out.read_text())["runs"][0]["workloads"].keys() == {"gsm8k", "retrieval"}

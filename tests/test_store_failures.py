@@ -141,7 +141,7 @@ def test_a_refused_session_is_recorded_and_the_next_session_runs(harness, tmp_pa
     import tasks.session as ts
     from seis.agents import AgentResult
     from seis.agents.report import SessionBlock, render_report
-    from seis.config import RunConfig
+    from seis.run_config import RunConfig
     from seis.session.judge import Judgement
 
     def fake_agent(config, spec, workspace):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from seis.engine_host.client import Sampling
-from seis.evaluator.config import GateThresholds
 from seis.evaluator.engines import GenerationOut, ScoreOut
 from seis.evaluator.errors import GateInputError
+from seis.evaluator.gate_config import GateThresholds
 from seis.evaluator.logit_scale import eos_gap_scale
 from seis.evaluator.schema import Calibration
 from seis.evaluator.speed import TimedOutputs

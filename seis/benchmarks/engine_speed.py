@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     model_dir = resolve_model(args.model)
     eng_mod = import_engine(args.engine_dir or ENGINE_TEMPLATE)
-    from ..models.config import read_model_config
+    from ..models.model_config import read_model_config
     vocab = read_model_config(model_dir).vocab_size
     prompt = torch.randint(0, min(vocab, 20000), (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     sp = eng_mod.SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)

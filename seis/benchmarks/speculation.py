@@ -138,7 +138,7 @@ def measure(model: str, n_gsm8k: int, n_retrieval: int, max_new_tokens: int, che
     """The speculating engine over the chosen items of model, and E0 over the first `check` items of each."""
     from ..engine_import import ENGINE_TEMPLATE
     from ..models import resolve_model
-    from ..models.config import read_model_config
+    from ..models.model_config import read_model_config
 
     model_dir = Path(resolve_model(model))
     context = read_model_config(model_dir).max_position_embeddings
@@ -152,28 +152,28 @@ def measure(model: str, n_gsm8k: int, n_retrieval: int, max_new_tokens: int, che
     max_seq_len = min(context, max(len(j["prompt"]) for j in jobs) + max_new_tokens)
     # max_batch_size 8: a verify step has min(8, max_batch_size) rows, so a lone request drafts up to 7 tokens
     options = {"device": device, "max_batch_size": 8, "max_seq_len": max_seq_len, "kv_cache_tokens": max_seq_len}
-    engine_dir = speculating_engine(Path(tempfile.mkdtemp(prefix="spec-", dir=work)) / "engine")
+    engine_dir = speculating_engine(Path(tempfile.mkdtemp(prefix="speculating-", dir=work)) / "engine")
     t0 = time.perf_counter()
-    spec = _generate(engine_dir, model_dir, options, threads, jobs, max_new_tokens, f"{model} + {ENTRY}")
-    spec_s = time.perf_counter() - t0
+    speculative = _generate(engine_dir, model_dir, options, threads, jobs, max_new_tokens, f"{model} + {ENTRY}")
+    speculative_s = time.perf_counter() - t0
     checked = [i for i, j in enumerate(jobs) if workloads[j["workload"]].index(j) < check]  # first items of each
     t0 = time.perf_counter()
     e0 = (_generate(ENGINE_TEMPLATE, model_dir, options, threads, [jobs[i] for i in checked], max_new_tokens,
                     f"{model} E0 (check)") if checked else [])
     e0_s = time.perf_counter() - t0
-    same = {i: (spec[i]["token_ids"], spec[i]["finish_reason"]) == (r["token_ids"], r["finish_reason"])
+    same = {i: (speculative[i]["token_ids"], speculative[i]["finish_reason"]) == (r["token_ids"], r["finish_reason"])
             for i, r in zip(checked, e0)}
     requests = [{"workload": j["workload"], "id": j["id"], "prompt_tokens": len(j["prompt"]),
                  "truncated": j["truncated"], **r, "tokens_per_verify_step": tokens_per_verify_step(r),
-                 "equal_to_e0": same.get(i)} for i, (j, r) in enumerate(zip(jobs, spec))]
+                 "equal_to_e0": same.get(i)} for i, (j, r) in enumerate(zip(jobs, speculative))]
     per_workload = {}
     for w in workloads:
         rs = [r for r in requests if r["workload"] == w]
         checks = [r["equal_to_e0"] for r in rs if r["equal_to_e0"] is not None]
         per_workload[w] = {**summarize_workload(rs), "checked_against_e0": len(checks),
                            "equal_to_e0": sum(checks)}
-    return {"model": model, "engine_options": options, "speculating_seconds": spec_s, "e0_check_seconds": e0_s,
-            "workloads": per_workload, "requests": requests}
+    return {"model": model, "engine_options": options, "speculating_seconds": speculative_s,
+            "e0_check_seconds": e0_s, "workloads": per_workload, "requests": requests}
 
 
 def _f(x: float | None, digits: int = 2) -> str:

@@ -210,8 +210,8 @@ def render(result: dict) -> str:
 
 def _weights(model: str) -> str:
     from ..models.registry import REGISTRY
-    spec = REGISTRY.get(model)
-    return "random weights" if spec is not None and spec.kind == "random" else "real weights" if spec else "local model"
+    entry = REGISTRY.get(model)
+    return "random weights" if entry is not None and entry.kind == "random" else "real weights" if entry else "local model"
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -5,9 +5,9 @@ reference on dev and held-out workloads, measures dev speed, and returns a schem
     result = run_gate(GateConfig(candidate="workspace/", model="tiny-qwen3"))
     result.verdict, result.failed_checks, result.speed
 """
-from .config import CheckSizes, GateConfig, GateThresholds, IsolationConfig, SpeedConfig
 from .errors import GateInputError, GateInterrupted, HostFailure, ReferenceFailure
 from .gate import run_dev_benchmark, run_gate
+from .gate_config import CheckSizes, GateConfig, GateThresholds, IsolationConfig, SpeedConfig
 from .report import render_dev_benchmark, render_gate, render_gate_for_agents
 from .schema import CheckResult, DevBenchmarkResult, GateResult
 

@@ -12,8 +12,8 @@ import math
 from collections.abc import Sequence
 
 from .checks import Agreement, ForcedStats, greedy_agreement, length_ratio, tolerance
-from .config import GateThresholds
 from .engines import GenerationOut
+from .gate_config import GateThresholds
 from .schema import Calibration
 
 METHOD = ("reference vs reference: batched (the compared composition) vs one request at a time for teacher "

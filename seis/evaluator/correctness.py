@@ -41,9 +41,9 @@ from .checks import (
     temperature_for,
     well_conditioned_top_p,
 )
-from .config import CheckSizes, GateConfig, GateThresholds
 from .engines import EngineHandle, GenerationOut, ScoreOut
 from .errors import ReferenceFailure
+from .gate_config import CheckSizes, GateConfig, GateThresholds
 from .schema import Calibration, CheckResult
 from .workloads import GateWorkloads, PromptSet
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .config import GateConfig
 from .correctness import run_correctness
 from ..sandbox import SandboxError, interrupted
 from .engines import Deadline, EngineHandle, start_and_build
 from .errors import GateInputError, GateInterrupted, HostFailure, ReferenceFailure
+from .gate_config import GateConfig
 from .isolation import OFFLINE_ENV, VISIBLE, Isolation, make_isolation
 from .logit_scale import eos_gap_scale
 from .schema import Calibration, CheckResult, DevBenchmarkResult, GateResult, Hashes, IsolationRecord, SpeedTable

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from ..engine_host.policy import CACHE_MOUNT, ENGINE_MOUNT, MODEL_MOUNT, HOST_MOUNT
 from ..sandbox import INSTALL_HINT, OFFLINE_ENV, SandboxUnavailable, allowed_env, bwrap_version
-from .config import IsolationConfig
 from .errors import GateInputError
+from .gate_config import IsolationConfig
 
 VISIBLE = (f"{ENGINE_MOUNT} (its private tree copy, read-only)", f"{MODEL_MOUNT} (read-only)",
            f"{HOST_MOUNT}/worker.py and engine_import.py (read-only)",

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 
 from ..engine_host.affinity import pinned_together
-from .config import SpeedConfig
 from .engines import EngineHandle, GenerationOut
 from ..engine_host.gpu_idle import GpuIdle
 from ..stats import summarize
+from .gate_config import SpeedConfig
 from .schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
 from .workloads import PromptSet, SpeedWorkload
 

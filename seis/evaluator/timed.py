@@ -22,8 +22,8 @@ from .checks import (
     near_argmax,
     scoreable,
 )
-from .config import GateThresholds
 from .engines import EngineHandle, GenerationOut
+from .gate_config import GateThresholds
 from .schema import Calibration, CheckResult
 from .speed import TimedOutputs
 

@@ -25,8 +25,8 @@ from ..workloads import (
     timed_question,
     verify_prepared,
 )
-from .config import GateConfig
 from .errors import GateInputError
+from .gate_config import GateConfig
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def _digest(obj) -> str:
 
 def read_model_limits(model_dir: Path) -> tuple[int, int]:
     """(vocab_size, max_position_embeddings) from config.json."""
-    from ..models.config import read_model_config
+    from ..models.model_config import read_model_config
     c = read_model_config(model_dir)
     return c.vocab_size, c.max_position_embeddings
 

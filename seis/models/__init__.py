@@ -7,9 +7,9 @@
 Heavy libraries (torch, transformers) are imported only when a model is actually built.
 """
 from .cache import cache_dir
-from .config import ModelConfig, read_model_config
 from .errors import ModelError
-from .registry import ModelSpec
+from .model_config import ModelConfig, read_model_config
+from .registry import ModelEntry
 from .resolve import ModelStatus, list_models, prepare_model, resolve_model
 
-__all__ = ["ModelConfig", "ModelError", "ModelSpec", "ModelStatus", "cache_dir", "list_models", "prepare_model", "read_model_config", "resolve_model"]
+__all__ = ["ModelConfig", "ModelEntry", "ModelError", "ModelStatus", "cache_dir", "list_models", "prepare_model", "read_model_config", "resolve_model"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .registry import ModelSpec
+    from .registry import ModelEntry
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +32,12 @@ def model_path(name: str) -> Path:
     return cache_dir() / "models" / name
 
 
-def is_prepared(spec: ModelSpec) -> bool:
+def is_prepared(entry: ModelEntry) -> bool:
     try:
-        marker = json.loads((model_path(spec.name) / MARKER).read_text())
+        marker = json.loads((model_path(entry.name) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("name") == spec.name and marker.get("version") == spec.version
+    return marker.get("name") == entry.name and marker.get("version") == entry.version
 
 
 @contextlib.contextmanager
@@ -51,30 +51,30 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def materialize(spec: ModelSpec, force: bool = False) -> Path:
-    """Build `spec` into the cache unless a complete copy exists; returns the model directory."""
-    target = model_path(spec.name)
+def materialize(entry: ModelEntry, force: bool = False) -> Path:
+    """Build `entry` into the cache unless a complete copy exists; returns the model directory."""
+    target = model_path(entry.name)
     root = target.parent
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / f".{spec.name}.lock"):
-        if not force and is_prepared(spec):
+    with _locked(root / f".{entry.name}.lock"):
+        if not force and is_prepared(entry):
             return target
         # Holding the lock, any leftover temp dir of this model is from a crashed build.
-        for stale in root.glob(f".{spec.name}.tmp-*"):
+        for stale in root.glob(f".{entry.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
 
-        log.info("preparing model %s into %s", spec.name, target)
+        log.info("preparing model %s into %s", entry.name, target)
         start = time.monotonic()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.tmp-", dir=root))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=root))
         try:
-            spec.build(tmp)
-            (tmp / MARKER).write_text(json.dumps({"name": spec.name, "version": spec.version, "kind": spec.kind}))
+            entry.build(tmp)
+            (tmp / MARKER).write_text(json.dumps({"name": entry.name, "version": entry.version, "kind": entry.kind}))
             # mkdtemp (and safetensors) create private files; a shared cache should be readable like any other.
             tmp.chmod(0o755)
             for f in tmp.iterdir():
                 f.chmod(0o644)
             if target.exists():  # forced rebuild or stale recipe: move the old copy aside, then swap in
-                old = root / f".{spec.name}.tmp-old-{os.getpid()}"
+                old = root / f".{entry.name}.tmp-old-{os.getpid()}"
                 os.rename(target, old)
                 os.rename(tmp, target)
                 shutil.rmtree(old, ignore_errors=True)
@@ -83,5 +83,5 @@ def materialize(spec: ModelSpec, force: bool = False) -> Path:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-        log.info("prepared %s in %.1fs", spec.name, time.monotonic() - start)
+        log.info("prepared %s in %.1fs", entry.name, time.monotonic() - start)
     return target

@@ -8,23 +8,23 @@ from pathlib import Path
 
 from .cache import is_prepared, materialize, model_path
 from .errors import ModelError
-from .registry import REGISTRY, ModelSpec, get_spec
+from .registry import REGISTRY, ModelEntry, get_entry
 
 
 @dataclass(frozen=True)
 class ModelStatus:
-    spec: ModelSpec
+    entry: ModelEntry
     path: Path
     prepared: bool
 
 
 def list_models() -> list[ModelStatus]:
-    return [ModelStatus(spec, model_path(spec.name), is_prepared(spec)) for spec in REGISTRY.values()]
+    return [ModelStatus(entry, model_path(entry.name), is_prepared(entry)) for entry in REGISTRY.values()]
 
 
 def prepare_model(name: str, force: bool = False) -> Path:
     """Materialize a registry model into the cache (a no-op if already there, unless `force`)."""
-    return materialize(get_spec(name), force=force)
+    return materialize(get_entry(name), force=force)
 
 
 def resolve_model(name_or_path: str | os.PathLike[str], prepare: bool = True) -> Path:
@@ -35,10 +35,10 @@ def resolve_model(name_or_path: str | os.PathLike[str], prepare: bool = True) ->
     """
     key = os.fspath(name_or_path)
     if key in REGISTRY:
-        spec = REGISTRY[key]
+        entry = REGISTRY[key]
         if prepare:
-            return materialize(spec)
-        if not is_prepared(spec):
+            return materialize(entry)
+        if not is_prepared(entry):
             raise ModelError(f"model {key!r} is not prepared in {model_path(key)}; "
                              f"call prepare_model({key!r}) or resolve_model({key!r}, prepare=True)")
         return model_path(key)

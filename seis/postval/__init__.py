@@ -7,9 +7,9 @@ the bandwidth bound, energy; results as postval.json, tables (md + parquet) and 
 
 Heavy libraries (torch, pandas, matplotlib) are imported only where they are used.
 """
-from .config import QUICK, PostValConfig, PostValError, make_config
 from .figures import plot_chain_speedups, plot_gate_timeline
 from .plan import check_model, fetch_snapshot, prepare_plan, speed_plan
+from .postval_config import QUICK, PostValConfig, PostValError, make_config
 from .result import (
     AccuracySummary,
     ItemOutcome,

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..host import available_ram_bytes, free_gpu_bytes, runs_on_cuda
 from .bandwidth import kv_bytes_per_token, weight_bytes_per_token
-from .config import PostValConfig, PostValError
+from .postval_config import PostValConfig, PostValError
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def prepare_plan(config: PostValConfig) -> Plan:
     check_engine("--engine", config.engine_dir)
     check_engine("vanilla engine", config.vanilla_dir)
     model_dir = check_model(config.model)
-    from ..models.config import read_model_config
+    from ..models.model_config import read_model_config
     model_cfg = read_model_config(model_dir, default_context=4096)
     plan = Plan(config=config, model_dir=model_dir, model_context=model_cfg.max_position_embeddings,
                 vocab_size=model_cfg.vocab_size, tokenizer=None)
@@ -252,20 +252,20 @@ def speed_plan(plan: Plan, context: int) -> SpeedPlan:
     speed: list[TimedSet] = []
     if c.speed_requests and test:
         nat, fix = plan.natural_max_new_tokens, plan.fixed_new_tokens
-        specs = [(f"natural-{nat}", "single", nat, False, c.speed_requests),
-                 (f"natural-{nat}", "batch", nat, False, c.speed_requests)]
+        shapes = [(f"natural-{nat}", "single", nat, False, c.speed_requests),
+                  (f"natural-{nat}", "batch", nat, False, c.speed_requests)]
         if c.fixed_single_requests:
-            specs.append((f"fixed-{fix}", "single", fix, True, c.fixed_single_requests))
-        specs.append((f"fixed-{fix}", "batch", fix, True, c.speed_requests))
-        speed, pool = _draw("gsm8k-test", "test", test[: len(test) - n_warm], specs, reps, warm, notes, n_warm)
+            shapes.append((f"fixed-{fix}", "single", fix, True, c.fixed_single_requests))
+        shapes.append((f"fixed-{fix}", "batch", fix, True, c.speed_requests))
+        speed, pool = _draw("gsm8k-test", "test", test[: len(test) - n_warm], shapes, reps, warm, notes, n_warm)
         pools.append(pool.model_copy(update={"warmup": n_warm, "needed": pool.needed + n_warm,
                                              "available": len(test)}))
     workloads: list[TimedSet] = []
     if c.dev_requests and plan.dev:
         dev = _dedupe([p for p in plan.dev_pool if fits(p.tokens, context)])
-        specs = [(wl.name, "single", wl.max_new_tokens, wl.ignore_eos, c.dev_requests) for wl in plan.dev]
+        shapes = [(wl.name, "single", wl.max_new_tokens, wl.ignore_eos, c.dev_requests) for wl in plan.dev]
         if dev:
-            sets, pool = _draw("gsm8k-dev", "dev", dev, specs, reps, warm, notes)
+            sets, pool = _draw("gsm8k-dev", "dev", dev, shapes, reps, warm, notes)
             workloads += sets
             pools.append(pool)
         else:
@@ -299,12 +299,12 @@ def _dedupe(prompts: list[Prompt]) -> list[Prompt]:
     return out
 
 
-def _draw(name: str, kind: str, pool: list[Prompt], specs: list[tuple], reps: int, warm: list[Prompt],
+def _draw(name: str, kind: str, pool: list[Prompt], shapes: list[tuple], reps: int, warm: list[Prompt],
           notes: list[str], reserved: int = 0) -> tuple[list[TimedSet], Any]:
-    """Consecutive slices of `pool`, one per (spec, repetition), spec by spec; sizes capped until they fit."""
+    """Consecutive slices of `pool`, one per (shape, repetition), shape by shape; sizes capped until they fit."""
     from .result import PromptPool
 
-    want = [s[4] for s in specs]
+    want = [s[4] for s in shapes]
     need = reps * sum(want)
     cap = max(want)
     while cap > 1 and reps * sum(min(w, cap) for w in want) > len(pool):
@@ -316,14 +316,14 @@ def _draw(name: str, kind: str, pool: list[Prompt], specs: list[tuple], reps: in
     if shrunk:
         besides = f" (besides {reserved} warm-up prompts)" if reserved else ""
         notes.append(f"{name}: {len(pool)} distinct prompts fit the context{besides}, but {reps} repetitions of "
-                     + ", ".join(f"{s[0]}/{s[1]} ({w})" for s, w in zip(specs, want, strict=True))
+                     + ", ".join(f"{s[0]}/{s[1]} ({w})" for s, w in zip(shapes, want, strict=True))
                      + f" need {need} that no repetition or workload of the same engine process has seen: requests "
                      f"per repetition lowered to " + ", ".join(map(str, sizes)))
     if repeated:
         notes.append(f"{name}: even one prompt per repetition needs {used} prompts, only {len(pool)} exist: "
                      f"{repeated} timed prompts repeat one the engine has already seen (its timings may be cached)")
     sets, i = [], 0
-    for (workload, mode, max_new, ignore_eos, requested), n in zip(specs, sizes, strict=True):
+    for (workload, mode, max_new, ignore_eos, requested), n in zip(shapes, sizes, strict=True):
         rep_prompts = []
         for _ in range(reps):
             rep_prompts.append([pool[(i + k) % len(pool)] for k in range(n)])

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..evaluator.schema import CheckResult
-from .config import PostValConfig
+from .postval_config import PostValConfig
 
 EngineName = Literal["candidate", "vanilla"]
 ENGINES: tuple[EngineName, EngineName] = ("candidate", "vanilla")

@@ -37,8 +37,8 @@ from .accuracy import (
     summarize_accuracy,
 )
 from .bandwidth import EnergyMeter, bound_tok_per_s, kv_bytes_per_token, measure_bandwidth, weight_bytes_per_token
-from .config import PostValConfig
 from .plan import Plan, TimedSet, prepare_plan, speed_plan
+from .postval_config import PostValConfig
 from .result import (
     ENGINES,
     AccuracySummary,

@@ -39,10 +39,10 @@ from .result import (
 if TYPE_CHECKING:
     from ..engine_host import EngineProcess
     from ..engine_host.client import Sampling
-    from ..evaluator.config import GateThresholds
+    from ..evaluator.gate_config import GateThresholds
     from ..evaluator.schema import Calibration, CheckResult
-    from .config import PostValConfig
     from .plan import TimedSet
+    from .postval_config import PostValConfig
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,7 @@ class TimedRules:
 
 
 def timed_rules(c: PostValConfig, eos_ids: list[int], eos_scale: float, vocab: int, context: int) -> TimedRules:
-    from ..evaluator.config import GateThresholds
+    from ..evaluator.gate_config import GateThresholds
     from ..evaluator.schema import Calibration
 
     # Rounded so that timed_min_valid itself lies on the passing side of 1 - (1 - timed_min_valid).

@@ -180,8 +180,8 @@ SPEED_HEADER = ["workload", "mode", "requests / rep", "prompt tokens (mean)", "n
 
 def speed_markdown(result: PostValResult) -> str:
     n = result.config.reps
-    spec = "" if result.config.speculation else ", speculation off"
-    out = [f"# Throughput vs vanilla E0{spec}: median (min–max) of {n} interleaved repetitions", "",
+    speculation_note = "" if result.config.speculation else ", speculation off"
+    out = [f"# Throughput vs vanilla E0{speculation_note}: median (min–max) of {n} interleaved repetitions", "",
            _status(result), "",
            "single = one request at a time (latency); batch = all requests in one generate call (throughput). "
            "Prefill included. Bound = memory-bandwidth bound for single-request decode. Fresh engine processes; "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import RunConfig
+from ..run_config import RunConfig
 from ..store import SnapshotRef
 from ..workspace import PeerMaterial, Report
 from .lineage import ChainState

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..agents import AgentResult
-from ..config import RunConfig
+from ..run_config import RunConfig
 from ..workspace import Workspace
 from .spec import SessionSpec
 

@@ -13,7 +13,7 @@ from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from ..config import RunConfig
+from ..run_config import RunConfig
 from .rundir import RunDir
 
 

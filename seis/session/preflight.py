@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import RunConfig
 from ..host import available_ram_bytes, free_gpu_bytes, runs_on_cuda
+from ..run_config import RunConfig
 
 GiB = 2**30
 OVERHEAD_BYTES = GiB // 2       # per engine: interpreter, torch, activations, CUDA graphs / allocator slack

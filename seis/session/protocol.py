@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import RunConfig
+from ..run_config import RunConfig
 from ..workspace import PeerMaterial
 from .lineage import ChainState, fan_in
 from .resume import clear

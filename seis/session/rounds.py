@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..config import RunConfig
+from ..run_config import RunConfig
 from .lineage import ChainState
 from .protocol import initial_states, upstream_is_vanilla
 from .resume import still_valid

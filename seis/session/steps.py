@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..agents import AgentResult, Budget, SessionContext, find_secrets, stamp_verdict
-from ..config import AGENTS_AVAILABLE, RunConfig
+from ..run_config import AGENTS_AVAILABLE, RunConfig
 from ..store import DvcError, StoreError
 from ..workspace import Report, Workspace, prepare_workspace
 from ..workspace.tree import TreeError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import RunConfig
+from ..run_config import RunConfig
 
 MARGIN_S = 600.0
 OFFLINE_AGENT_S = 3600.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .conversation import ToolCall, Turn, Usage
 from .settings import LLMSettings
-from .tools import TOOL_SPECS, ToolOutcome
+from .tools import TOOL_DEFINITIONS, ToolOutcome
 
 
 def _param(block) -> dict | None:
@@ -44,7 +44,7 @@ class AnthropicConversation:
         self.client = client
         self.model = settings.resolved_model
         self.system = system
-        self.tools = [t.anthropic() for t in TOOL_SPECS]
+        self.tools = [t.anthropic() for t in TOOL_DEFINITIONS]
         self.messages: list[dict] = [{"role": "user", "content": user}]
 
     def ask(self, max_output_tokens: int, timeout_s: float | None = None) -> Turn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .conversation import ToolCall, Turn, Usage
 from .settings import LLMSettings
-from .tools import TOOL_SPECS, ToolOutcome, parse_arguments
+from .tools import TOOL_DEFINITIONS, ToolOutcome, parse_arguments
 
 
 def openai_usage(u) -> Usage | None:
@@ -25,7 +25,7 @@ class OpenAIConversation:
                                    timeout=settings.request_timeout_s)
         self.client = client
         self.model = settings.resolved_model
-        self.tools = [t.openai() for t in TOOL_SPECS]
+        self.tools = [t.openai() for t in TOOL_DEFINITIONS]
         self.messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def ask(self, max_output_tokens: int, timeout_s: float | None = None) -> Turn:

@@ -1,4 +1,4 @@
-"""One provider-neutral tool layer for SDK agents: specs (JSON schemas, rendered per API) and a Toolbox that
+"""One provider-neutral tool layer for SDK agents: definitions (JSON schemas, rendered per API) and a Toolbox that
 executes calls inside the workspace. A wrong call is a ToolOutcome with is_error=True, never an exception.
 
 Arguments are checked against the declared schema before anything runs (a string where a list is declared is
@@ -32,7 +32,7 @@ MAX_MATCHES = 200
 
 
 @dataclass(frozen=True)
-class ToolSpec:
+class ToolDefinition:
     name: str
     description: str
     parameters: dict  # JSON schema of the arguments (an object)
@@ -51,36 +51,39 @@ def _obj(required: list[str], **props: dict) -> dict:
 
 _S = {"type": "string"}
 _I = {"type": "integer"}
-TOOL_SPECS: tuple[ToolSpec, ...] = (
-    ToolSpec("list_files", "List files under a directory of the workspace (relative path, default '.').",
-             _obj([], path={**_S, "description": "directory relative to the workspace root"})),
-    ToolSpec("read_file", "Read a text file of the workspace, optionally a line range (1-based, inclusive).",
-             _obj(["path"], path=_S, start_line=_I, end_line=_I)),
-    ToolSpec("search", "Regex search (Python syntax) over the workspace's text files; returns path:line: text.",
-             _obj(["pattern"], pattern=_S, path={**_S, "description": "directory or file, default '.'"},
-                  glob={**_S, "description": "file-name glob, e.g. '*.py'"})),
-    ToolSpec("edit_file", "Replace one exact occurrence of old_string with new_string in a file. old_string must "
-             "match exactly once (include surrounding lines to make it unique).",
-             _obj(["path", "old_string", "new_string"], path=_S, old_string=_S, new_string=_S)),
-    ToolSpec("write_file", "Create or overwrite a file of the engine tree with the given content.",
-             _obj(["path", "content"], path=_S, content=_S)),
-    ToolSpec("run_shell", "Run a bash command in the workspace root (no network, time-limited, output "
-             "truncated). Use it for tests and quick experiments.",
-             _obj(["command"], command=_S, timeout_s={"type": "number", "description": "seconds"})),
-    ToolSpec("dev_benchmark", "Measure the workspace engine's dev speed against its parent and the vanilla "
-             "engine (slow: minutes). Returns the dev speed table.", _obj([])),
-    ToolSpec("finish", "End the session with your report. Call it exactly once, when done (or when nothing is "
-             "worth changing).",
-             _obj(["report"], report={**_S, "description": "markdown: what you changed, why, what you measured"},
-                  changes={"type": "array", "items": _S,
-                           "description": "short kebab-case names of the changes made, e.g. 'fused-rmsnorm'"},
-                  lessons={"type": "array", "items": _S, "description": "what the next session should know"})),
+TOOL_DEFINITIONS: tuple[ToolDefinition, ...] = (
+    ToolDefinition("list_files", "List files under a directory of the workspace (relative path, default '.').",
+                   _obj([], path={**_S, "description": "directory relative to the workspace root"})),
+    ToolDefinition("read_file", "Read a text file of the workspace, optionally a line range (1-based, inclusive).",
+                   _obj(["path"], path=_S, start_line=_I, end_line=_I)),
+    ToolDefinition("search",
+                   "Regex search (Python syntax) over the workspace's text files; returns path:line: text.",
+                   _obj(["pattern"], pattern=_S, path={**_S, "description": "directory or file, default '.'"},
+                        glob={**_S, "description": "file-name glob, e.g. '*.py'"})),
+    ToolDefinition("edit_file", "Replace one exact occurrence of old_string with new_string in a file. "
+                   "old_string must match exactly once (include surrounding lines to make it unique).",
+                   _obj(["path", "old_string", "new_string"], path=_S, old_string=_S, new_string=_S)),
+    ToolDefinition("write_file", "Create or overwrite a file of the engine tree with the given content.",
+                   _obj(["path", "content"], path=_S, content=_S)),
+    ToolDefinition("run_shell", "Run a bash command in the workspace root (no network, time-limited, output "
+                   "truncated). Use it for tests and quick experiments.",
+                   _obj(["command"], command=_S, timeout_s={"type": "number", "description": "seconds"})),
+    ToolDefinition("dev_benchmark", "Measure the workspace engine's dev speed against its parent and the vanilla "
+                   "engine (slow: minutes). Returns the dev speed table.", _obj([])),
+    ToolDefinition("finish", "End the session with your report. Call it exactly once, when done (or when nothing "
+                   "is worth changing).",
+                   _obj(["report"],
+                        report={**_S, "description": "markdown: what you changed, why, what you measured"},
+                        changes={"type": "array", "items": _S,
+                                 "description": "short kebab-case names of the changes made, e.g. 'fused-rmsnorm'"},
+                        lessons={"type": "array", "items": _S,
+                                 "description": "what the next session should know"})),
 )
 
 
-def check_arguments(spec: ToolSpec, args: Any) -> str | None:
-    """Why args do not match spec's JSON schema (the subset the specs use), or None."""
-    schema = spec.parameters
+def check_arguments(tool: ToolDefinition, args: Any) -> str | None:
+    """Why args do not match the tool's JSON schema (the subset the definitions use), or None."""
+    schema = tool.parameters
     if not isinstance(args, dict):
         return "arguments must be a JSON object"
     props = schema.get("properties", {})
@@ -137,7 +140,7 @@ class ToolOutcome:
     finish: FinishRequest | None = None
 
 
-_SPECS = {s.name: s for s in TOOL_SPECS}
+_DEFINITIONS = {t.name: t for t in TOOL_DEFINITIONS}
 
 
 @dataclass
@@ -150,7 +153,7 @@ class Toolbox:
     redact: Callable[[str], str] = lambda s: s
     calls: dict[str, int] = field(default_factory=dict)
 
-    specs = TOOL_SPECS
+    tools = TOOL_DEFINITIONS
 
     def call(self, name: str, args: Any) -> ToolOutcome:
         out = self._call(name, args)
@@ -159,10 +162,10 @@ class Toolbox:
 
     def _call(self, name: str, args: Any) -> ToolOutcome:
         self.calls[name] = self.calls.get(name, 0) + 1
-        method = getattr(self, f"_t_{name}", None) if name in _SPECS else None
+        method = getattr(self, f"_t_{name}", None) if name in _DEFINITIONS else None
         if method is None:
-            return ToolOutcome(f"unknown tool {name!r}; tools: {', '.join(s.name for s in TOOL_SPECS)}", True)
-        why = check_arguments(_SPECS[name], args)
+            return ToolOutcome(f"unknown tool {name!r}; tools: {', '.join(t.name for t in TOOL_DEFINITIONS)}", True)
+        why = check_arguments(_DEFINITIONS[name], args)
         if why is not None:
             return ToolOutcome(f"{name}: {why}", True)
         try:
