@@ -63,7 +63,10 @@ def _read_all(s: socket.socket) -> bytes:
 
 def _ask(proxy: ApiProxy, request: bytes = NOT_ALLOWED) -> bytes:
     with _connect(proxy) as s:
-        s.sendall(request)
+        try:
+            s.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):  # turned away (503) and closed before it was sent: the
+            pass                                          # reply is still there to read
         return _read_all(s)
 
 
