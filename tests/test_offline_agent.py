@@ -221,7 +221,8 @@ def test_rebase_carries_a_patch_onto_a_changed_e0(tmp_path):
     t = LIBRARY["batched-scoring"]
     old = copy("old")
     engine_py = old / "engine" / "engine.py"
-    line = "        tokens = chosen.tolist()\n"  # context of the patch's hunk: the stale patch cannot apply to today's E0
+    # a line of the patch's hunk context: changed, the stale patch cannot apply to today's E0
+    line = "        scored = [i for i, r in enumerate(reqs) if r.forced is not None]\n"
     assert line in engine_py.read_text()
     engine_py.write_text(engine_py.read_text().replace(line, line[:-1] + "  # an older E0\n"))
     made_on_old = tmp_path / "old-patched"

@@ -32,8 +32,16 @@ class FlashInferAttention(AttentionBackend):
         self.eager_decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.graph_decode: dict[int, object] = {}  # batch size -> wrapper whose metadata buffers a graph captured
         self._active = None
+        self._plan_copied = torch.cuda.Event()
 
     def plan(self, batch: ForwardBatch) -> None:
+        # A plan stages its schedule in a pinned host buffer and copies it to the device asynchronously; the engine
+        # plans the next decode step while this one runs, so wait until the last plan's copy has left that buffer.
+        self._plan_copied.synchronize()
+        self._plan(batch)
+        self._plan_copied.record()
+
+    def _plan(self, batch: ForwardBatch) -> None:
         indptr, indices, last_len = self._page_metadata(batch)
         common = dict(num_kv_heads=self.num_kv_heads, page_size=self.page_size, q_data_type=self.dtype,
                       kv_data_type=self.dtype)
