@@ -23,10 +23,19 @@ from .sampling import SamplingParams, sample
 
 @dataclass(frozen=True)
 class DecodeStep:
-    """A launched decode step: its rows, logits and chosen tokens, all still on the device."""
+    """A launched decode step: its rows, its logits and chosen tokens on the device, and those tokens on their way
+    to the host. The copy is ordered right after the step, so reading it waits for this step only, not for the
+    step launched after it."""
     rows: list[Request]
     logits: torch.Tensor  # a graph's output buffer, rewritten by the next step: read later only for forced rows,
     tokens: torch.Tensor  # which never run ahead
+    tokens_host: torch.Tensor
+    copied: torch.cuda.Event | None  # None on the CPU, where the copy is done when it returns
+
+    def read_tokens(self) -> list[int]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.tokens_host.tolist()
 
 
 @dataclass(frozen=True)
@@ -189,7 +198,7 @@ class Engine:
                 else:
                     step = ahead or self._launch_decode(running)
                     ahead = None if waiting else self._launch_ahead(step)
-                    self._advance(step.rows, step.logits, step.tokens)
+                    self._advance(step.rows, step.logits, step.read_tokens())
                 for r in [r for r in running if r.finish_reason]:
                     running.remove(r)
                     self._release(r)
@@ -248,7 +257,14 @@ class Engine:
 
     def _launch_decode(self, rows: list[Request], inputs: torch.Tensor | None = None) -> DecodeStep:
         logits = self._decode(rows, inputs)
-        return DecodeStep(rows, logits, self._choose(rows, logits))
+        tokens = self._choose(rows, logits)
+        if self.device.type != "cuda":
+            return DecodeStep(rows, logits, tokens, tokens, None)
+        tokens_host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        tokens_host.copy_(tokens, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return DecodeStep(rows, logits, tokens, tokens_host, copied)
 
     def _launch_ahead(self, step: DecodeStep) -> DecodeStep | None:
         """The step after `step`, for its rows that go on past it, launched before its tokens are read. None when
@@ -274,7 +290,7 @@ class Engine:
                  r.row) for r in running]
         if padded:
             cols += [(0, 0, 0, 1, 0)] * (padded - bs)  # padding rows read/write the reserved page 0
-        packed = torch.tensor(cols, dtype=torch.int64).T.contiguous().to(self.device, non_blocking=True)
+        packed = _tensor(list(zip(*cols)), self.device)
         if inputs is not None:
             packed[0, :bs].copy_(inputs)
         seq_lens = tuple(c[3] for c in cols)
@@ -301,10 +317,10 @@ class Engine:
                 chosen[i] = sample(logits[i], r.params, r.generator)
         return chosen
 
-    def _advance(self, reqs: list[Request], logits: torch.Tensor, chosen: torch.Tensor | None = None) -> None:
-        """Append each request's next token (forced, or `chosen` on the device) and record log-probs where asked.
-        A request that already finished (a row decoded one step past its stop) takes nothing."""
-        tokens = (self._choose(reqs, logits) if chosen is None else chosen).tolist()
+    def _advance(self, reqs: list[Request], logits: torch.Tensor, chosen: list[int] | None = None) -> None:
+        """Append each request's next token (forced, or `chosen`, read from a launched step) and record log-probs
+        where asked. A request that already finished (a row decoded one step past its stop) takes nothing."""
+        tokens = self._choose(reqs, logits).tolist() if chosen is None else chosen
         scored = [i for i, r in enumerate(reqs) if r.forced is not None]
         if scored:
             logprobs = torch.log_softmax(logits[scored], dim=-1)
@@ -375,7 +391,8 @@ def _score_rows(logprobs: torch.Tensor, tokens: list[int], top_k: int) -> Score:
 
 
 def _tensor(values, device: torch.device, dtype=torch.int64) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    # Pinned on CUDA: a copy from pageable memory may wait for the device, and decode launches while it is busy.
+    return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda").to(device, non_blocking=True)
 
 
 def _default_graph_sizes(max_bs: int) -> list[int]:
