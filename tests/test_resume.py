@@ -208,12 +208,12 @@ def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, prepared_dir):
     """SIGINT to the run's process group (Ctrl-C in a terminal), or SIGTERM to its process (a supervisor), while a
-    quick gate (seconds here) holds the GPU slot: the run ends within seconds with exit code 130 and the
-    resume command, its engines and Prefect server are gone, the interrupted session left no outcome, and
-    --resume then finishes the run (checked after the Ctrl-C)."""
+    smoke gate holds the GPU slot (a second after its agent, as the killed run above is): the run ends within
+    seconds with exit code 130 and the resume command, its engines and Prefect server are gone, the interrupted
+    session left no outcome, and --resume then finishes the run (checked after the Ctrl-C)."""
     run = tmp_path / "run"
     proc = _evolve("--protocol", "chain", "--chains", "1", "--sessions", "1", "--model", "tiny-qwen3", "--device",
-                   "cpu", "--gate", "quick", "--out", str(run), "--store", str(tmp_path / "store"),
+                   "cpu", "--gate", "smoke", "--out", str(run), "--store", str(tmp_path / "store"),
                    preexec_fn=_sigint_default)
     s0 = run / "chains" / "c0" / "000"
     _wait_for_gate(proc, s0)
@@ -234,7 +234,7 @@ def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, 
     assert not left, f"still running after the run ended: {left}"
     assert not (s0 / "outcome.json").exists()   # no verdict for the gate that was cut short
     assert json.loads((run / "status.json").read_text())["state"] == "crashed"
-    if how == "sigterm":  # the resume after either is the same: its full gate is run once
+    if how == "sigterm":  # the resume after either is the same: its gate is run once
         return
 
     resumed = _evolve("--resume", str(run))
