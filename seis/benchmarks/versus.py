@@ -161,7 +161,8 @@ def measure(systems: dict, calls: dict, new_tokens: int, reps: int) -> dict[tupl
                 got[name].tok_per_s.append(sum(len(o) for o in outs) / wall)
                 got[name].tokens.append(outs)
         results[(workload, b)] = got
-        print(f"{workload} at batch {b} done", file=sys.stderr, flush=True)
+        medians = ", ".join(f"{name} {summarize(m.tok_per_s)['median']:,.0f}" for name, m in got.items())
+        print(f"{workload} at batch {b} done (median tok/s: {medians})", file=sys.stderr, flush=True)
     return results
 
 
