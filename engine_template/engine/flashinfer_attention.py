@@ -60,7 +60,7 @@ class FlashInferAttention(AttentionBackend):
     def _page_metadata(self, batch: ForwardBatch):
         """CSR page lists on the host (plan reads them there; the graph wrappers copy them into their buffers)."""
         counts = [len(p) for p in batch.page_ids_host]
-        # Pinned: plan's copies from pageable memory could wait for the step that runs while this one is planned.
+        # Pinned, as vanilla mini-sglang's are: plan's copies to the device are DMAs, not staged by the driver.
         host = dict(dtype=torch.int32, pin_memory=True)
         indptr = torch.tensor([0, *itertools.accumulate(counts)], **host)
         indices = torch.tensor([i for pages in batch.page_ids_host for i in pages], **host)
