@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -79,16 +80,15 @@ def _dvc_repo(root: Path, remote: Path) -> Path:
 
 
 def _hosts(tmp_path: Path):
-    """A loopback server's port and API URL, one shared DVC remote, the orchestrator's and each worker's own
-    DVC repository with its store, and a folder for the processes' logs."""
-    port = _free_port()
+    """One shared DVC remote, the orchestrator's and each worker's own DVC repository with its store, and a folder
+    for the processes' logs."""
     remote = tmp_path / "dvc-remote"
     remote.mkdir()
     orch_store = _dvc_repo(tmp_path / "orchestrator", remote)
     stores = {name: _dvc_repo(tmp_path / name, remote) for name in WORKERS}
     logs = tmp_path / "logs"
     logs.mkdir()
-    return port, f"http://127.0.0.1:{port}/api", orch_store, stores, logs
+    return orch_store, stores, logs
 
 
 def _wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout_s: float = 150) -> None:
@@ -103,6 +103,40 @@ def _wait_healthy(api: str, server: subprocess.Popen, log: Path, timeout_s: floa
             pass
         time.sleep(0.5)
     raise AssertionError(f"the Prefect server did not start in {timeout_s} s: {log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> str:
+    """One loopback server for the module's runs (their workers and flow runs are their own), with the seis-cpu
+    pool and the `seis-session/cpu` deployment, as `prefect deploy` from the repository root makes it: its API URL.
+    A test that counts session flow runs counts those its own run made (_session_runs)."""
+    root = tmp_path_factory.mktemp("prefect-server")
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    log = root / "server.log"
+    server_env = _prefect_env(root / "server-home", api, PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
+                              PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED="false")
+    proc = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                  server_env, log)
+    try:
+        _wait_healthy(api, proc, log)
+        _create_pool(api, "seis-cpu")
+        _run([sys.executable, "-m", "prefect", "deploy", "--prefect-file", "flows/session-deployments.yaml",
+              "--name", "cpu"], _prefect_env(root / "cli-home", api))
+        yield api
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        _stop(proc)
+
+
+def _session_runs(api: str) -> list:
+    """The server's `seis-session` flow runs."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    with temporary_settings({PREFECT_API_URL: api}):
+        with get_client(sync_client=True) as client:
+            return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["seis-session"])))
 
 
 def _library(tmp_path: Path) -> Path:
@@ -148,14 +182,17 @@ def _create_pool(api: str, name: str) -> None:
             client.create_work_pool(WorkPoolCreate(name=name, type="process"))
 
 
-def _wait_workers_online(api: str, pool: str, names: set[str], deadline: float, logs: Path) -> None:
-    """Both workers polling before the run starts, so that neither takes every session of a round alone."""
+def _wait_workers_online(api: str, pool: str, names: set[str], since: datetime, deadline: float,
+                         logs: Path) -> None:
+    """Both workers polling before the run starts, so that neither takes every session of a round alone. Only a
+    heartbeat after `since` counts: a worker of that name an earlier test stopped may still be listed online."""
     from prefect import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
     with temporary_settings({PREFECT_API_URL: api}):
         with get_client(sync_client=True) as client:
             while time.monotonic() < deadline:
-                online = {w.name for w in client.read_workers_for_work_pool(pool) if w.status == "ONLINE"}
+                online = {w.name for w in client.read_workers_for_work_pool(pool) if w.status == "ONLINE"
+                          and w.last_heartbeat_time and w.last_heartbeat_time > since}
                 if names <= online:
                     return
                 time.sleep(1)
@@ -163,34 +200,28 @@ def _wait_workers_online(api: str, pool: str, names: set[str], deadline: float, 
 
 
 @pytest.mark.slow
-def test_sync_chain_on_two_workers_matches_the_local_run(tmp_path, prepared_dir):
+def test_sync_chain_on_two_workers_matches_the_local_run(server, tmp_path, prepared_dir):
     t0 = time.monotonic()
-    port, api, orch_store, stores, logs = _hosts(tmp_path)
+    api = server
+    orch_store, stores, logs = _hosts(tmp_path)
+    earlier = {r.id for r in _session_runs(api)}
     procs: list[subprocess.Popen] = []
     base = dict(protocol="sync-chain", chains=2, sessions=2, sync_every=1, model="tiny-qwen3", device="cpu",
                 gate="smoke", agent_library=_library(tmp_path))
     try:
-        server_env = _prefect_env(tmp_path / "server-home", api, PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
-                                  PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED="false")
-        server = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                         str(port)], server_env, logs / "server.log")
-        procs.append(server)
-        _wait_healthy(api, server, logs / "server.log")
         deadline = time.monotonic() + RUN_TIMEOUT_S
         # The reference: the same run in-process (dispatch=local), while the workers start and then run theirs.
         local_run = _Run(RunConfig(**base, out=tmp_path / "local-run", store=tmp_path / "local-store"), api,
                          tmp_path / "local-home")
         local_run.start()
-        _create_pool(api, "seis-cpu")
-        _run([sys.executable, "-m", "prefect", "deploy", "--prefect-file", "flows/session-deployments.yaml",
-              "--name", "cpu"], _prefect_env(tmp_path / "cli-home", api))
+        started = datetime.now(timezone.utc)
         for name, device in WORKERS.items():  # each its own Prefect home, store and device, as on its own host
             env = _prefect_env(tmp_path / name / ".prefect", api, CUDA_VISIBLE_DEVICES=device,
                                SEIS_STORE=str(stores[name]), SEIS_WORKER_NAME=name)
             procs.append(_start([sys.executable, "-m", "prefect", "worker", "start", "--pool", "seis-cpu",
                                  "--work-queue", "sessions", "--limit", "1", "--name", name, "--type", "process"],
                                 env, logs / f"{name}.log"))
-        _wait_workers_online(api, "seis-cpu", set(WORKERS), deadline, logs)
+        _wait_workers_online(api, "seis-cpu", set(WORKERS), started, deadline, logs)
         workers_run = _Run(RunConfig(**base, out=tmp_path / "workers-run", store=orch_store, dispatch="workers",
                                      session_deployment="seis-session/cpu"), api, tmp_path / "orchestrator-home")
         workers_run.start()
@@ -252,12 +283,11 @@ def test_sync_chain_on_two_workers_matches_the_local_run(tmp_path, prepared_dir)
         assert all(sid in orch for sid in made_on)
         # Each device has its own GPU slot on the server; no session ran twice.
         from prefect import get_client
-        from prefect.client.schemas.filters import FlowFilter, FlowFilterName
         from prefect.settings import PREFECT_API_URL, temporary_settings
         with temporary_settings({PREFECT_API_URL: api}):
             with get_client(sync_client=True) as client:
                 names = {limit.name for limit in client.read_global_concurrency_limits(limit=100)}
-                sessions = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["seis-session"])))
+        sessions = [r for r in _session_runs(api) if r.id not in earlier]
         assert len(sessions) == len(local), [r.name for r in sessions]
         from tasks.gpu import device_limit
         assert {device_limit(d) for d in WORKERS.values()} <= names, names
@@ -293,37 +323,28 @@ sys.exit(0 if state.is_completed() else 1)
 
 
 @pytest.mark.slow
-def test_a_session_lost_with_its_worker_is_redone_on_another(tmp_path, prepared_dir):
+def test_a_session_lost_with_its_worker_is_redone_on_another(server, tmp_path, prepared_dir):
     """Worker A takes the only session and is killed with everything it started (a host gone); the orchestrator
     sees its heartbeat stop, marks that flow run Crashed and dispatches the session again; worker B runs it.
     The orchestrator is its own process here (as `seis evolve` is), with the lost-worker time shortened to 45 s:
     still longer than a cold flow-run process takes from Running to its first heartbeat on 2 busy cores (15 s was
     not: a re-dispatched run was declared lost before it had started beating)."""
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from seis.session.dispatch import HEARTBEAT_FILE, LOST_AFTER_ENV
-    port, api, orch_store, stores, logs = _hosts(tmp_path)
+    api = server
+    orch_store, stores, logs = _hosts(tmp_path)
+    earlier = {r.id for r in _session_runs(api)}
     procs: dict[str, subprocess.Popen] = {}
 
     def start_worker(name: str) -> None:
+        started = datetime.now(timezone.utc)
         env = _prefect_env(tmp_path / name / ".prefect", api, CUDA_VISIBLE_DEVICES=WORKERS[name],
                            SEIS_STORE=str(stores[name]), SEIS_WORKER_NAME=name)
         procs[name] = _start([sys.executable, "-m", "prefect", "worker", "start", "--pool", "seis-cpu",
                               "--work-queue", "sessions", "--limit", "1", "--name", name, "--type", "process"],
                              env, logs / f"{name}.log")
-        _wait_workers_online(api, "seis-cpu", {name}, time.monotonic() + 120, logs)
+        _wait_workers_online(api, "seis-cpu", {name}, started, time.monotonic() + 120, logs)
 
     try:
-        server_env = _prefect_env(tmp_path / "server-home", api, PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
-                                  PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED="false")
-        procs["server"] = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                  "--port", str(port)], server_env, logs / "server.log")
-        _wait_healthy(api, procs["server"], logs / "server.log")
-        _create_pool(api, "seis-cpu")
-        _run([sys.executable, "-m", "prefect", "deploy", "--prefect-file", "flows/session-deployments.yaml",
-              "--name", "cpu"], _prefect_env(tmp_path / "cli-home", api))
         start_worker("host-a")
         config = RunConfig(protocol="chain", chains=1, sessions=1, model="tiny-qwen3", device="cpu", gate="smoke",
                            agent_library=_library(tmp_path), out=tmp_path / "run", store=orch_store,
@@ -352,9 +373,7 @@ def test_a_session_lost_with_its_worker_is_redone_on_another(tmp_path, prepared_
         assert reply is not None and not reply.failure and reply.worker.worker == "host-b", reply
         summary = pd.read_parquet(run_dir / "summary.parquet")
         assert len(summary) == 1 and summary.snapshot.iloc[0], summary
-        with temporary_settings({PREFECT_API_URL: api}):
-            with get_client(sync_client=True) as client:
-                runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["seis-session"])))
+        runs = [r for r in _session_runs(api) if r.id not in earlier]
         states = sorted((r.state.type.value, r.state.message or "") for r in runs)
         assert [s for s, _ in states] == ["COMPLETED", "CRASHED"], states
         assert "worker lost: no heartbeat" in states[1][1], states
