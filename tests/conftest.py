@@ -15,17 +15,12 @@ from seis.engine_import import ENGINE_TEMPLATE, import_engine
 torch.set_num_threads(2)
 
 
-# The test modules that take longest, longest first (their summed test times in a full run on 2 cores): with the
-# suite spread over workers a module at a time (pyproject's `-n 3 --dist loadfile --no-loadscope-reorder`), they
-# start first, so none is left running alone at the end. Without --no-loadscope-reorder xdist would hand out the
-# modules with the most tests first instead, and the long few-test ones (scale-out, resume, EOS probes, the
-# Prefect server) last.
-EXPENSIVE_MODULES = ("test_scale_out.py", "test_adversarial.py", "test_resume.py", "test_flow.py",
-                     "test_eos_probes.py", "test_engine.py", "test_postval.py", "test_prefect_server.py",
-                     "test_agent_confinement.py", "test_models.py", "test_store_failures.py", "test_triton_gemv.py",
-                     "test_evaluator.py", "test_gate_contract.py", "test_llm_agents.py", "test_offline_agent.py",
-                     "test_fused_decode_attention.py", "test_benchmark_tools.py", "test_cli.py",
-                     "test_host_boundary.py", "test_run_states.py", "test_gate_up_silu_epilogue.py")
+# The test modules that take longest, longest first: with the suite spread over workers a module at a time
+# (pyproject's `-n 3 --dist loadfile`), they start first, so none is left running alone at the end.
+EXPENSIVE_MODULES = ("test_scale_out.py", "test_resume.py", "test_prefect_server.py", "test_flow.py",
+                     "test_adversarial.py", "test_eos_probes.py", "test_postval.py", "test_agent_confinement.py",
+                     "test_evaluator.py", "test_run_states.py", "test_store_failures.py", "test_gate_contract.py",
+                     "test_host_boundary.py", "test_llm_agents.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
