@@ -74,8 +74,9 @@ def harness(tmp_path_factory):
     from prefect.settings import (PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_DATABASE_CONNECTION_URL,
                                   PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings)
 
+    from flows.local_server import seed_database
     home = tmp_path_factory.mktemp("prefect-home")  # this run's own: the GPU slot registry lives there
-    db = home / "prefect.db"
+    db = seed_database(home)                        # migrated already, as `seis evolve`'s own server's is
     with temporary_settings({PREFECT_SERVER_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{db}",
                              PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 180}):
         server = SubprocessASGIServer()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.local_server import seed_database
 from flows.runtime import DEFAULTS as SEIS_PREFECT_DEFAULTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -192,6 +193,7 @@ class Prefect:
         return done.stdout
 
     def start(self) -> None:
+        seed_database(self.home)  # migrated already, as `seis evolve`'s own server's is
         server = self._spawn("server", [_prefect(), "server", "start", "--host", "127.0.0.1", "--port",
                                         self.url.split(":")[-1].split("/")[0]])
         deadline = time.monotonic() + 120

@@ -129,6 +129,31 @@ def test_a_runs_own_server_opens_its_own_database_whatever_prefect_home_says(tmp
     assert env["PREFECT_HOME"] == str(run / ".prefect") and "PREFECT_API_URL" not in env
 
 
+def test_a_new_home_gets_a_migrated_database_and_a_resumed_one_keeps_its_own(tmp_path):
+    """The copy is Prefect's schema at its newest migration (the file `prefect server start` would have made);
+    an existing database is never replaced (a resumed run's holds its flow runs and GPU slot)."""
+    import sqlite3
+
+    from flows.local_server import DATABASE, migrated_template, seed_database
+    db = seed_database(tmp_path / "new-home")
+    assert db == tmp_path / "new-home" / DATABASE and db.read_bytes() == migrated_template().read_bytes()
+    with sqlite3.connect(db) as con:
+        tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        (revision,) = con.execute("SELECT version_num FROM alembic_version").fetchone()
+    assert {"flow_run", "task_run", "deployment", "work_pool", "concurrency_limit_v2"} <= tables
+    import prefect.server.database
+    from alembic.script import ScriptDirectory
+    migrations = Path(prefect.server.database.__file__).parent / "_migrations"
+    assert revision == ScriptDirectory(str(migrations),
+                                       version_locations=[str(migrations / "versions" / "sqlite")]).get_current_head()
+
+    kept = tmp_path / "resumed-home" / DATABASE
+    kept.parent.mkdir()
+    kept.write_bytes(b"a run's own database")
+    assert seed_database(kept.parent) == kept and kept.read_bytes() == b"a run's own database"
+    assert not list(kept.parent.glob(".*partial"))
+
+
 def test_a_temporary_server_does_not_open_the_prefect_homes_database(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(tmp_path / "shared-home"), PYTHONPATH=str(REPO_ROOT))

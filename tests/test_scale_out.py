@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from flows.local_server import seed_database
 from seis.run_config import RunConfig
 from seis.session.dispatch import SessionReply
 from seis.session.timeline import gate_spans, most_at_once_per_lane
@@ -114,6 +115,7 @@ def server(tmp_path_factory) -> str:
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     log = root / "server.log"
+    seed_database(root / "server-home")  # migrated already, as `seis evolve`'s own server's is
     server_env = _prefect_env(root / "server-home", api, PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",
                               PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED="false")
     proc = _start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
