@@ -197,10 +197,12 @@ def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared
     df = pd.read_parquet(run / "summary.parquet")
     assert list(df.session) == [0, 1] and df.loc[1, "parent_snapshot"] == df.loc[0, "snapshot"]
     assert json.loads((run / "status.json").read_text())["state"] == "complete"
-    # the killed attempt's GPU slot was released at once (not after its lease expired), its scratch removed
+    # the killed attempt's GPU slot was released at once, not left to its lease (LEASE_S after its last renewal):
+    # a wait of a few seconds is one refused attempt and the server's Retry-After on a loaded machine (5.8 s seen)
+    from tasks.gpu import LEASE_S
     waited = [float(line.split("after waiting ")[1].split(" s")[0]) for line in out.splitlines()
               if "GPU slot acquired after waiting" in line]
-    assert waited and max(waited) < 5, out
+    assert waited and max(waited) < LEASE_S / 4, out
     assert not scratch_dir(run).exists()
 
 
