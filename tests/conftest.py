@@ -28,6 +28,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept within a module
 
 
+# Which Prefect server and home a process talks to. A test that leaves one of them changed in os.environ sends every
+# later test of its worker process (and their threads, which do not see the harness's settings context) to that
+# server: "Connection refused" far from the test that caused it.
+SERVER_ENV = ("PREFECT_API_URL", "PREFECT_HOME", "SEIS_OWN_PREFECT_SERVER")
+
+
+@pytest.fixture(autouse=True)
+def _server_env_left_as_found() -> Iterator[None]:
+    before = {key: os.environ.get(key) for key in SERVER_ENV}
+    yield
+    after = {key: os.environ.get(key) for key in SERVER_ENV}
+    assert after == before, f"the test left the Prefect server settings of this process changed: {before} -> {after}"
+
+
 @pytest.fixture(scope="session")
 def E():
     """The E0 engine package (`engine`), imported from engine_template/."""

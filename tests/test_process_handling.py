@@ -115,8 +115,10 @@ def test_a_runs_own_server_opens_its_own_database_whatever_prefect_home_says(tmp
     shared = tmp_path / "shared-home"         # a team server's home, exported in the operator's shell
     monkeypatch.setenv("PREFECT_HOME", str(shared))
     monkeypatch.setenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{shared}/prefect.db")
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.delenv(OWN_SERVER_ENV, raising=False)
+    for key in ("PREFECT_API_URL", OWN_SERVER_ENV):  # _prefect_api sets both in os.environ: set here first, so
+        monkeypatch.setenv(key, "")                   # that the undo removes them (a delenv of an unset key
+        monkeypatch.delenv(key)                       # records nothing, and the next tests of this process
+                                                      # would talk to port 9)
     started = []
     monkeypatch.setattr(local_server, "start_local_server",
                         lambda home: started.append(home) or SimpleNamespace(url="http://127.0.0.1:9/api",
