@@ -116,6 +116,26 @@ def test_speed_is_interleaved_with_ratios(e0_gate: GateResult) -> None:
     # every timed request began on an idle device (on CPU trivially); one that did not would fail the gate
     idle = next(c for c in e0_gate.checks if c.name == "speed.gpu_idle")
     assert idle.passed and idle.value == 0 == speed.gpu_never_idle and idle.upper == 0
+    assert not speed.parent_is_vanilla and "parent" in e0_gate.engine_stats  # another tree: its own engine
+
+
+def test_a_parent_that_is_vanillas_tree_is_timed_once_as_vanilla(prepared: Path, tmp_path: Path) -> None:
+    """Session 0 of a chain: the parent is vanilla's exact tree. No third engine starts; vanilla's rows stand for
+    the parent (ratio 1 between them), and the candidate's ratio over its parent is its ratio over vanilla."""
+    speed = SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8, batch_size=2)
+    result = run_gate(H.tiny_config(prepared, H.copy_engine(tmp_path / "candidate"),
+                                    parent=H.copy_engine(tmp_path / "parent"), speed=speed))
+    assert result.verdict == "pass", result.failed_checks
+    assert result.hashes.parent_tree == result.hashes.reference_tree and result.parent is not None
+    assert set(result.engine_stats) == {"candidate", "vanilla"}     # two engine processes, not three
+    table = result.speed
+    assert table.parent_is_vanilla
+    for wl in table.workloads:
+        rows = {r.engine: r for r in table.rows if r.workload == wl.name}
+        assert list(rows) == ["candidate", "parent", "vanilla"]
+        assert rows["parent"].tok_per_s == rows["vanilla"].tok_per_s and rows["parent"].vs_vanilla == 1.0
+        assert rows["vanilla"].vs_parent == 1.0
+        assert rows["candidate"].vs_parent == rows["candidate"].vs_vanilla is not None
 
 
 class _ScriptedEngine:

@@ -16,14 +16,14 @@ from .correctness import run_correctness
 from ..sandbox import SandboxError, interrupted
 from .engines import Deadline, EngineHandle, start_and_build
 from .errors import GateInputError, GateInterrupted, HostFailure, ReferenceFailure
-from .gate_config import GateConfig
+from .gate_config import GateConfig, SpeedConfig
 from .isolation import OFFLINE_ENV, VISIBLE, Isolation, make_isolation
 from .logit_scale import eos_gap_scale
 from .schema import Calibration, CheckResult, DevBenchmarkResult, GateResult, Hashes, IsolationRecord, SpeedTable
 from .snapshot import Snapshot, files_sha256, snapshot, tree_sha256
-from .speed import measure_speed
+from .speed import TimedOutputs, measure_speed, vanilla_as_parent
 from .timed import timed_checks
-from .workloads import GateWorkloads, load_gate_workloads, load_speed_workloads, read_model_limits
+from .workloads import GateWorkloads, SpeedWorkload, load_gate_workloads, load_speed_workloads, read_model_limits
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # seis/
 
@@ -112,6 +112,13 @@ def _cache_dir(setup: _Setup, role: str, trusted: bool, held: ExitStack) -> Path
     return held.enter_context(held_cache(tree, own)) if trusted else private_cache(own, trusted_cache(tree))
 
 
+def _parent_is_vanilla(snaps: dict[str, Snapshot]) -> bool:
+    """The parent's tree is vanilla's to the byte (session 0 of a chain, every branching session): one engine is
+    built and timed for both, as a third would only repeat vanilla's numbers (and, on a GPU, its model load and graph
+    capture)."""
+    return "parent" in snaps and snaps["parent"].sha256 == snaps["vanilla"].sha256
+
+
 def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[str],
              held: ExitStack) -> dict[str, EngineHandle]:
     iso = config.isolation
@@ -120,6 +127,8 @@ def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[s
                "max_seq_len": max_seq_len, "use_cuda_graphs": config.use_cuda_graphs, "seed": config.seed}
     handles = {}
     for role, snap in setup.snaps.items():
+        if role == "parent" and _parent_is_vanilla(setup.snaps):
+            continue
         # Per-call limits are for untrusted code; the trusted reference is bounded by the gate's deadline alone.
         build_s, call_s = (iso.gate_timeout_s,) * 2 if role in trusted else (iso.build_timeout_s, iso.call_timeout_s)
         handles[role] = EngineHandle(role, snap.path, setup.model_dir, options, setup.isolation, deadline,
@@ -260,8 +269,7 @@ def _speed(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[s
     candidate's timed outputs pass the reference's timed checks (a fast wrong answer is no speedup)."""
     ref = handles["vanilla"]
     with _timed(timings, "speed"):
-        order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
-        speed, timed = measure_speed(order, wl.speed, config.speed, setup.device)
+        speed, timed = _measure_speed(setup, handles, wl.speed, config.speed)
     checks = [CheckResult.bounded(
         "speed.gpu_idle", float(speed.gpu_never_idle), upper=0.0,
         detail="timed requests that started while the GPU still ran other work (left by a frozen "
@@ -271,6 +279,17 @@ def _speed(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[s
         checks += timed_checks(ref, timed, calibration, config.thresholds, eos_ids, vocab,
                                wl.budget.max_seq_len, eos_gap_scale(setup.model_dir, eos_ids))
     return speed, checks
+
+
+def _measure_speed(setup: _Setup, handles: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...],
+                   cfg: SpeedConfig) -> tuple[SpeedTable, TimedOutputs]:
+    """The speed table and timed outputs, rotating candidate, parent, vanilla; a parent that is vanilla's tree was
+    not started, and vanilla's rows stand for it."""
+    order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
+    table, timed = measure_speed(order, workloads, cfg, setup.device)
+    if "parent" in setup.snaps and "parent" not in handles:
+        table = vanilla_as_parent(table)
+    return table, timed
 
 
 def _gate_result(config: GateConfig, setup: _Setup, wl: GateWorkloads, cand: EngineHandle, judged: _Judged,
@@ -309,8 +328,7 @@ def run_dev_benchmark(config: GateConfig) -> DevBenchmarkResult:
         handles = _handles(config, setup, budget.max_seq_len, trusted={"vanilla"}, held=held)
         try:
             start_and_build(list(handles.values()))
-            order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
-            table, _ = measure_speed(order, workloads, config.speed, setup.device)
+            table, _ = _measure_speed(setup, handles, workloads, config.speed)
         finally:
             _close(handles)
         errors = [f"{role}: {f}" for role, h in handles.items() for f in h.failures]  # Failure.__str__

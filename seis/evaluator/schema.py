@@ -135,6 +135,8 @@ class SpeedTable(_Model):
     gpu_idle_waits: int = 0        # timed requests that had to wait for the GPU to drain first
     gpu_idle_wait_s: float = 0.0
     gpu_never_idle: int = 0        # timed requests started on a GPU still busy after the wait's limit (unfair)
+    # The parent's tree is vanilla's to the byte: one engine was timed, and its rows stand for both
+    parent_is_vanilla: bool = False
 
 
 class GateResult(_Model):

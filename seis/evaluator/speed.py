@@ -162,3 +162,20 @@ def _rows(workload: str, names: list[str], passes: dict[str, list[list[Timing]]]
                         if good and name != "vanilla" and "vanilla" in ok else None),
             error=failed.get(name)))
     return rows
+
+
+def vanilla_as_parent(table: SpeedTable) -> SpeedTable:
+    """The table of a gate whose parent is vanilla's exact tree, timed as vanilla alone: each vanilla row stands for
+    the parent too (the same engine in the same run, so the ratio between them is 1), and the candidate's ratio over
+    its parent is its ratio over vanilla."""
+    rows: list[SpeedRow] = []
+    for row in table.rows:
+        if row.engine == "candidate":
+            rows.append(row.model_copy(update={"vs_parent": row.vs_vanilla}))
+        elif row.engine == "vanilla":
+            same = 1.0 if row.tok_per_s is not None else None
+            rows += [row.model_copy(update={"engine": "parent", "vs_vanilla": same}),
+                     row.model_copy(update={"vs_parent": same})]
+        else:
+            rows.append(row)
+    return table.model_copy(update={"rows": rows, "parent_is_vanilla": True})
