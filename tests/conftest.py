@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from seis.engine_import import ENGINE_TEMPLATE, import_engine
+from tasks.gpu import OWN_SERVER_ENV
 
 # One intra-op thread in each test process: the suite's three workers and their engines keep both cores busy, and
 # a second thread only spins waiting for the first (the SmolLM2-vs-HF test: 26.8 s of CPU with two, 19.0 s with
@@ -34,7 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # Which Prefect server and home a process talks to. A test that leaves one of them changed in os.environ sends every
 # later test of its worker process (and their threads, which do not see the harness's settings context) to that
 # server: "Connection refused" far from the test that caused it.
-SERVER_ENV = ("PREFECT_API_URL", "PREFECT_HOME", "SEIS_OWN_PREFECT_SERVER")
+SERVER_ENV = ("PREFECT_API_URL", "PREFECT_HOME", OWN_SERVER_ENV)
 
 
 @pytest.fixture(autouse=True)

@@ -287,7 +287,7 @@ def _measure_speed(setup: _Setup, handles: dict[str, EngineHandle], workloads: t
     not started, and vanilla's rows stand for it."""
     order = {k: handles[k] for k in ("candidate", "parent", "vanilla") if k in handles}
     table, timed = measure_speed(order, workloads, cfg, setup.device)
-    if "parent" in setup.snaps and "parent" not in handles:
+    if _parent_is_vanilla(setup.snaps):
         table = vanilla_as_parent(table)
     return table, timed
 
