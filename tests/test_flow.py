@@ -57,10 +57,12 @@ def _library(tmp_path: Path, *names: str, broken: bool = False) -> Path:
 # Flows that gate take `prepared_dir`: the gates read the prepared workloads (made from the GSM8K source).
 @pytest.fixture(scope="module")
 def sync_run(harness, tmp_path_factory, prepared_dir):
-    """One sync-chain run (2 chains, 2 sessions, a fan-in before session 1), shared by the tests that read it."""
+    """One sync-chain run shared by the tests that read it: 2 chains x 3 sessions, a fan-in before each session
+    after the first. After s1 both chains hold one engine (each adopted the other's entry), and at s2 both try the
+    same next entry on it."""
     tmp_path = tmp_path_factory.mktemp("sync")
-    lib = _library(tmp_path, "batched-scoring", "decode-pinned-metadata")
-    df, flow_run_id = _run_with_id(tmp_path, protocol="sync-chain", chains=2, sessions=2, sync_every=1,
+    lib = _library(tmp_path, "greedy-multistep-decode", "batched-scoring", "decode-pinned-metadata")
+    df, flow_run_id = _run_with_id(tmp_path, protocol="sync-chain", chains=2, sessions=3, sync_every=1,
                                    agent_library=lib)
     return tmp_path, df, flow_run_id
 
@@ -174,7 +176,7 @@ def test_ui_artifacts_have_stable_keys_code_fenced_gates_and_rounded_numbers(syn
     assert str(tmp_path / "run" / "figures" / "chain_speedups.png") in summary
     assert "| chain" in summary and "c1" in summary
     rows = json.loads(by_key["seis-sessions"].data)
-    assert len(rows) == len(df) == 4
+    assert len(rows) == len(df) == 6
     for row in rows:
         for column, digits in (("dev_speedup_vs_vanilla", 3), ("dev_speedup_vs_parent", 3), ("wall_s", 1)):
             value = row[column]
@@ -217,24 +219,21 @@ def test_branching_sessions_all_start_from_vanilla_and_the_best_is_post_validate
 
 
 @pytest.mark.slow
-def test_a_candidate_the_run_already_judged_takes_that_verdict_without_a_second_gate(harness, tmp_path,
-                                                                                     prepared_dir):
-    """2 chains x 3 sessions, a fan-in before each: after s1 both chains hold one engine, and at s2 both try the
-    same next entry on it. The second of those identical candidates is not gated again; a tree that differs by a
-    byte, or a recorded verdict from other evaluator code, is."""
+def test_a_candidate_the_run_already_judged_takes_that_verdict_without_a_second_gate(sync_run, tmp_path):
+    """At s2 both chains try the same next entry on the same engine: the second of those identical candidates is
+    not gated again; a tree that differs by a byte, or a recorded verdict from other evaluator code, is."""
     from seis.evaluator import GateConfig, GateResult
     from seis.session.reuse import reuse_verdict
     from seis.session.timeline import gate_spans
 
-    lib = _library(tmp_path, "greedy-multistep-decode", "batched-scoring", "decode-pinned-metadata")
-    df = _run(tmp_path, protocol="sync-chain", chains=2, sessions=3, sync_every=1, agent_library=lib)
+    run_tmp, df, _ = sync_run
     s1 = df[df.session == 1].set_index("chain")
     s2 = df[df.session == 2].set_index("chain")
     assert s1.loc["c0", "snapshot"] == s1.loc["c1", "snapshot"]
     assert s2.loc["c0", "applied"] == s2.loc["c1", "applied"] != ""
     assert s2.retained.all() and s2.loc["c0", "snapshot"] == s2.loc["c1", "snapshot"]
     assert s2.loc["c0", "dev_speedup_vs_vanilla"] == s2.loc["c1", "dev_speedup_vs_vanilla"]
-    run = tmp_path / "run"
+    run = run_tmp / "run"
     dirs = {c: run / "chains" / c / "002" for c in ("c0", "c1")}
     gated = [c for c, d in dirs.items() if (d / "gate.json").is_file()]
     assert len(gated) == 1
