@@ -3,6 +3,9 @@ that margin is calibrated on the reference's own timed stops and on the model's 
 cap)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from seis.engine_host.client import Sampling
@@ -169,3 +172,20 @@ def test_a_candidate_that_stops_at_every_near_tie_fails_the_timed_path():
     one_way = early_ends_check([2] * 8)
     assert not one_way.passed and one_way.value == 1 / 256 and "on 8 and after it on 0" in one_way.detail
     assert early_ends_check([2] * 5 + [6] * 3).passed
+
+
+def test_the_gates_host_side_reads_the_model_without_torch():
+    """The tokenizer, a chat prompt and the EOS scale, as the gate's host process gets them, in a fresh interpreter:
+    no torch (a session process that imports it pays about 2 s of CPU for nothing)."""
+    code = ("import sys\n"
+            "from seis.evaluator.logit_scale import eos_gap_scale\n"
+            "from seis.models import resolve_model\n"
+            "from seis.prompts import encode_prompt, load_tokenizer\n"
+            "model = resolve_model('tiny-qwen3')\n"
+            "tok = load_tokenizer(model)\n"
+            "assert encode_prompt(tok, 'What is 2+3?', chat=True)[-1] != tok.eos_token_id\n"
+            "assert eos_gap_scale(model, [tok.eos_token_id]) >= 1.0\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
