@@ -29,7 +29,7 @@ def results(tmp_path_factory):
     library = {t.name: t for t in load_library()}
     engine_dir = build_candidate(tmp_path_factory.mktemp("cand") / "engine", [library["triton-gemv"]])
     out = engine_dir.parent / "results.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, __file__, str(engine_dir), str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
