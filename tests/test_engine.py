@@ -154,9 +154,10 @@ def test_eos_and_stop_tokens_end_generation(tiny, E):
     assert stopped.token_ids == out.token_ids[: first + 1] and stopped.finish_reason == "stop"
 
 
-def test_rows_of_one_batch_stop_where_they_would_alone(tiny, E):
-    """Rows that stop on a token (stop id), by their own length or at the context limit (whose pages end there)
-    in one batch, beside a sampled row, end exactly as they do alone; the counters count what was returned."""
+def test_overlapped_decode_stops_each_request_where_it_would_alone(tiny, E):
+    """Decode runs one step ahead of the host: rows that stop on a token (stop id), by their own length or at
+    the context limit (whose pages end there) in one batch, beside a sampled row, end exactly as they do alone,
+    and a row run past its stop adds nothing to the counted tokens."""
     base = tiny.engine.generate([tiny.prompts[0]], E.SamplingParams(max_new_tokens=12, ignore_eos=True))[0]
     requests = [
         (tiny.prompts[0], E.SamplingParams(max_new_tokens=12, stop_token_ids=(base.token_ids[4],))),
@@ -172,7 +173,9 @@ def test_rows_of_one_batch_stop_where_they_would_alone(tiny, E):
     assert [o.finish_reason for o in together] == ["stop", "length", "length", "length"]
     assert len(together[2].token_ids) == 6
     assert after["generated_tokens"] - before["generated_tokens"] == sum(len(o.token_ids) for o in together)
-    assert after["decode_steps"] - before["decode_steps"] == 16 - 1  # one step per token after the prefill's
+    # one step per token after the prefill's, plus at most one step ahead past a stop id
+    assert after["decode_steps"] - before["decode_steps"] <= 16 - 1 + 1
+    # rows that end by length are known to end: not one step is wasted on them
     before = tiny.engine.stats()["decode_steps"]
     tiny.engine.generate(tiny.prompts[:2], [E.SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (5, 9)])
     assert tiny.engine.stats()["decode_steps"] - before == 9 - 1

@@ -120,7 +120,8 @@ def test_three_way_merge_keeps_other_changes_and_reports_conflicts(tmp_path):
     # A workspace that rewrote the lines the patch changes: conflict, reported as failed, nothing written.
     ws2 = _ws(tmp_path, "ws2")
     path = ws2.root / "engine" / "engine.py"
-    old = "packed = torch.tensor(cols, dtype=torch.int64).T.contiguous().to(self.device, non_blocking=True)"
+    old = "packed = _tensor(list(zip(*cols)), self.device)"
+    assert old in path.read_text()
     path.write_text(path.read_text().replace(old, "packed = torch.tensor(cols).T.contiguous().to(self.device)"))
     before = tree_hash(ws2.root)
     assert merge_transformation(ws2.root, ENGINE_TEMPLATE, t).outcome == "conflict"
@@ -221,7 +222,8 @@ def test_rebase_carries_a_patch_onto_a_changed_e0(tmp_path):
     t = LIBRARY["batched-scoring"]
     old = copy("old")
     engine_py = old / "engine" / "engine.py"
-    line = "        tokens = chosen.tolist()\n"  # context of the patch's hunk: the stale patch cannot apply to today's E0
+    # a line of the patch's hunk context: changed, the stale patch cannot apply to today's E0
+    line = "        scored = [i for i, r in enumerate(reqs) if r.forced is not None]\n"
     assert line in engine_py.read_text()
     engine_py.write_text(engine_py.read_text().replace(line, line[:-1] + "  # an older E0\n"))
     made_on_old = tmp_path / "old-patched"

@@ -22,6 +22,23 @@ from .sampling import SamplingParams, sample
 
 
 @dataclass(frozen=True)
+class DecodeStep:
+    """A launched decode step: its rows, its logits and chosen tokens on the device, and those tokens on their way
+    to the host. The copy is ordered right after the step, so reading it waits for this step only, not for the
+    step launched after it."""
+    rows: list[Request]
+    logits: torch.Tensor  # a graph's output buffer, rewritten by the next step: read later only for forced rows,
+    tokens: torch.Tensor  # which never run ahead
+    tokens_host: torch.Tensor
+    copied: torch.cuda.Event | None  # None on the CPU, where the copy is done when it returns
+
+    def read_tokens(self) -> list[int]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.tokens_host.tolist()
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     device: str = "auto"                  # "auto" picks cuda when available
     dtype: str = "auto"                   # "auto": bfloat16 on cuda, float32 on cpu
@@ -161,8 +178,14 @@ class Engine:
 
     # ---- scheduling --------------------------------------------------------------------------------------------
     def _run(self, reqs: list[Request]) -> None:
-        """Continuous batching: admit and prefill waiting requests when they fit, otherwise decode the running."""
+        """Continuous batching: admit and prefill waiting requests when they fit, otherwise decode the running.
+
+        Once nothing waits, decoding overlaps the host with the device, as vanilla mini-sglang's scheduler does:
+        the next step is launched (its inputs are this step's tokens, still on the device) before this step's
+        tokens are read, so the GPU does not idle while Python books them. A request that stops on a token it
+        could not know in advance (EOS, a stop id) runs one step too many, whose token is dropped."""
         waiting, running = deque(reqs), []
+        ahead: DecodeStep | None = None  # launched, tokens not read yet; only while nothing waits
         try:
             while waiting or running:
                 admitted = self._admit_waiting(waiting, running)
@@ -173,7 +196,9 @@ class Engine:
                     running.extend(admitted)
                     self._advance(admitted, logits)
                 else:
-                    self._advance(running, self._decode(running))
+                    step = ahead or self._launch_decode(running)
+                    ahead = None if waiting else self._launch_ahead(step)
+                    self._advance(step.rows, step.logits, step.read_tokens())
                 for r in [r for r in running if r.finish_reason]:
                     running.remove(r)
                     self._release(r)
@@ -230,21 +255,52 @@ class Engine:
             logit_rows=_tensor(logit_rows, dev), extend_lens=tuple(ext), seq_lens_host=tuple(seq),
             page_ids_host=tuple(pages))
 
-    def _decode(self, running: list[Request]) -> torch.Tensor:
+    def _launch_decode(self, rows: list[Request], inputs: torch.Tensor | None = None) -> DecodeStep:
+        logits = self._decode(rows, inputs)
+        tokens = self._choose(rows, logits)
+        if self.device.type != "cuda":
+            return DecodeStep(rows, logits, tokens, tokens, None)
+        tokens_host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        tokens_host.copy_(tokens, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return DecodeStep(rows, logits, tokens, tokens_host, copied)
+
+    def _launch_ahead(self, step: DecodeStep) -> DecodeStep | None:
+        """The step after `step`, for its rows that go on past it, launched before its tokens are read. None when
+        a row's next input needs the host (a teacher-forced token) or no row goes on."""
+        if any(r.forced is not None for r in step.rows):
+            return None
+        # A row whose token from `step` is its last by length is known now: no wasted step for it.
+        keep = [i for i, r in enumerate(step.rows) if not r.finish_reason
+                and len(r.output) + 1 < r.params.max_new_tokens and r.seq_len + 1 < r.max_total_len]
+        if not keep:
+            return None
+        inputs = step.tokens if len(keep) == len(step.rows) else step.tokens[_tensor(keep, self.device)]
+        return self._launch_decode([step.rows[i] for i in keep], inputs)
+
+    def _decode(self, running: list[Request], inputs: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode step. `inputs`: the rows' input tokens on the device, from a step whose tokens the host has
+        not appended yet (so each row is one token further than its host state says)."""
         self._counters["decode_steps"] += 1
         bs, ps = len(running), self.options.page_size
+        lag = 0 if inputs is None else 1
         padded = self.graphs.padded_size(bs) if self.graphs else None
-        cols = [(r.output[-1], r.seq_len - 1, r.slot(r.seq_len - 1, ps), r.seq_len, r.row) for r in running]
+        cols = [(0 if lag else r.output[-1], r.seq_len - 1 + lag, r.slot(r.seq_len - 1 + lag, ps), r.seq_len + lag,
+                 r.row) for r in running]
         if padded:
             cols += [(0, 0, 0, 1, 0)] * (padded - bs)  # padding rows read/write the reserved page 0
-        packed = torch.tensor(cols, dtype=torch.int64).T.contiguous().to(self.device, non_blocking=True)
+        packed = _tensor(list(zip(*cols)), self.device)
+        if inputs is not None:
+            packed[0, :bs].copy_(inputs)
         seq_lens = tuple(c[3] for c in cols)
-        pages = tuple(tuple(r.pages[: math.ceil(r.seq_len / ps)]) for r in running) + ((0,),) * (len(cols) - bs)
+        pages = tuple(tuple(r.pages[: math.ceil(n / ps)]) for r, n in zip(running, seq_lens))
+        pages += ((0,),) * (len(cols) - bs)
         if padded:
             self._counters["graph_replays"] += 1
             return self.graphs.replay(packed[:4], self.page_table.table.index_select(0, packed[4]), bs, seq_lens,
                                       pages)
-        width = math.ceil(max(r.seq_len for r in running) / ps)
+        width = math.ceil(max(seq_lens) / ps)
         batch = ForwardBatch(is_decode=True, input_ids=packed[0], positions=packed[1], out_slots=packed[2],
                              seq_lens=packed[3].to(torch.int32),
                              page_table=self.page_table.table.index_select(0, packed[4])[:, :width],
@@ -252,13 +308,19 @@ class Engine:
                              page_ids_host=pages)
         return self._forward(batch)
 
-    def _advance(self, reqs: list[Request], logits: torch.Tensor) -> None:
-        """Choose each request's next token (forced, greedy or sampled) and record log-probs where asked."""
+    @staticmethod
+    def _choose(reqs: list[Request], logits: torch.Tensor) -> torch.Tensor:
+        """Each request's next token, greedy or sampled, on the logits' device (no host sync)."""
         chosen = logits.argmax(-1)
         for i, r in enumerate(reqs):
             if r.forced is None and not r.params.greedy:
                 chosen[i] = sample(logits[i], r.params, r.generator)
-        tokens = chosen.tolist()
+        return chosen
+
+    def _advance(self, reqs: list[Request], logits: torch.Tensor, chosen: list[int] | None = None) -> None:
+        """Append each request's next token (forced, or `chosen`, read from a launched step) and record log-probs
+        where asked. A request that already finished (a row decoded one step past its stop) takes nothing."""
+        tokens = self._choose(reqs, logits).tolist() if chosen is None else chosen
         scored = [i for i, r in enumerate(reqs) if r.forced is not None]
         if scored:
             logprobs = torch.log_softmax(logits[scored], dim=-1)
@@ -269,9 +331,10 @@ class Engine:
                 r.token_logprobs += s.token_logprobs
                 r.top_ids += s.top_ids
                 r.top_logprobs += s.top_logprobs
-        for r, t in zip(reqs, tokens):
+        live = [(r, t) for r, t in zip(reqs, tokens) if not r.finish_reason]
+        for r, t in live:
             r.append(t)
-        self._counters["generated_tokens"] += len(reqs)
+        self._counters["generated_tokens"] += len(live)
 
     # ---- validation --------------------------------------------------------------------------------------------
     def _new_request(self, index: int, prompt, params: SamplingParams, forced: list[int] | None = None) -> Request:
@@ -328,7 +391,8 @@ def _score_rows(logprobs: torch.Tensor, tokens: list[int], top_k: int) -> Score:
 
 
 def _tensor(values, device: torch.device, dtype=torch.int64) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    # Pinned on CUDA, as vanilla mini-sglang's host tensors are: the copy is one DMA, not staged by the driver.
+    return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda").to(device, non_blocking=True)
 
 
 def _default_graph_sizes(max_bs: int) -> list[int]:

@@ -5,6 +5,8 @@ The KV cache's [slots, heads, dim] layout is FlashInfer's NHD paged layout viewe
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from .attention_backend import AttentionBackend
@@ -32,13 +34,21 @@ class FlashInferAttention(AttentionBackend):
         self.eager_decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.graph_decode: dict[int, object] = {}  # batch size -> wrapper whose metadata buffers a graph captured
         self._active = None
+        self._plan_copied = torch.cuda.Event()
 
     def plan(self, batch: ForwardBatch) -> None:
+        # A plan stages its schedule in a pinned host buffer and copies it to the device asynchronously; the engine
+        # plans the next decode step while this one runs, so wait until the last plan's copy has left that buffer.
+        self._plan_copied.synchronize()
+        self._plan(batch)
+        self._plan_copied.record()
+
+    def _plan(self, batch: ForwardBatch) -> None:
         indptr, indices, last_len = self._page_metadata(batch)
         common = dict(num_kv_heads=self.num_kv_heads, page_size=self.page_size, q_data_type=self.dtype,
                       kv_data_type=self.dtype)
         if not batch.is_decode:
-            ext = torch.tensor((0, *batch.extend_lens), dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            ext = torch.tensor((0, *itertools.accumulate(batch.extend_lens)), dtype=torch.int32, pin_memory=True)
             self.prefill.plan(ext, indptr, indices, last_len, self.num_heads, head_dim_qk=self.head_dim,
                               causal=True, **common)
             self._active = self.prefill
@@ -50,10 +60,11 @@ class FlashInferAttention(AttentionBackend):
     def _page_metadata(self, batch: ForwardBatch):
         """CSR page lists on the host (plan reads them there; the graph wrappers copy them into their buffers)."""
         counts = [len(p) for p in batch.page_ids_host]
-        indptr = torch.tensor([0, *counts], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        indices = torch.tensor([i for pages in batch.page_ids_host for i in pages], dtype=torch.int32)
-        last_len = torch.tensor([s - (n - 1) * self.page_size for s, n in zip(batch.seq_lens_host, counts)],
-                                dtype=torch.int32)
+        # Pinned, as vanilla mini-sglang's are: plan's copies to the device are DMAs, not staged by the driver.
+        host = dict(dtype=torch.int32, pin_memory=True)
+        indptr = torch.tensor([0, *itertools.accumulate(counts)], **host)
+        indices = torch.tensor([i for pages in batch.page_ids_host for i in pages], **host)
+        last_len = torch.tensor([s - (n - 1) * self.page_size for s, n in zip(batch.seq_lens_host, counts)], **host)
         return indptr, indices.to(self.device, non_blocking=True), last_len
 
     def _graph_wrapper(self, bs: int):

@@ -98,12 +98,12 @@ LATE_SKIP_AFTER = 64
 def make_late_decode_skip(dest: Path) -> Path:
     """Decode steps after a request's 64th generated token skip every other layer (the checks look at fewer)."""
     root = layer_skip_switch(copy_engine(dest))
-    edit(root, ENGINE_PY, "        return self._forward(batch)\n\n    def _advance",
+    edit(root, ENGINE_PY, "        return self._forward(batch)\n\n    @staticmethod",
          f"        self.model._skip = all(r.forced is None and len(r.output) >= {LATE_SKIP_AFTER} for r in running)\n"
          "        try:\n"
          "            return self._forward(batch)\n"
          "        finally:\n"
-         "            self.model._skip = False\n\n    def _advance")
+         "            self.model._skip = False\n\n    @staticmethod")
     return root
 
 
