@@ -167,6 +167,8 @@ def _child(engine_dir: str, out: str) -> None:
         # tiny-qwen3 (fp32): E0's torch ops vs the candidate's triton ops (every kernel interpreted) in one engine.
         # The 13-token batch prefills through E0's kernels and decodes at batch 2 through the GEMVs; the 4-token
         # prompt prefills through them too, its logits from the gathered last row.
+        import triton
+
         import engine as E
         from engine.kernels import Ops
         from seis.models import resolve_model
@@ -183,7 +185,9 @@ def _child(engine_dir: str, out: str) -> None:
             return gens, single.token_ids, eng.score(prompts[:1], gens[:1], top_k=3)
 
         ref = run()
-        triton_gemv.TARGET_PROGRAMS = 1  # widest tiles: fewer interpreted programs (the tile cases cover the rest)
+        # one program per projection: the interpreter runs programs one by one (the tile cases cover the rest)
+        triton_gemv.tiles = lambda m, n, k: (triton.next_power_of_2(m), triton.next_power_of_2(n),
+                                             triton.next_power_of_2(k), 4)
         ops = Ops("triton", triton_ops)
         eng.model.ops = ops
         for layer in eng.model.layers:
