@@ -322,9 +322,9 @@ sys.exit(0 if state.is_completed() else 1)
 def test_a_session_lost_with_its_worker_is_redone_on_another(server, tmp_path, prepared_dir):
     """Worker A takes the only session and is killed with everything it started (a host gone); the orchestrator
     sees its heartbeat stop, marks that flow run Crashed and dispatches the session again; worker B runs it.
-    The orchestrator is its own process here (as `seis evolve` is), with the lost-worker time shortened to 45 s:
-    still longer than a cold flow-run process takes from Running to its first heartbeat on 2 busy cores (15 s was
-    not: a re-dispatched run was declared lost before it had started beating)."""
+    The orchestrator is its own process here (as `seis evolve` is), with the lost-worker time shortened to 15 s
+    (three heartbeats); the re-dispatched run, a cold flow-run process on 2 busy cores, has the start allowance
+    until its first beat."""
     from seis.session.dispatch import HEARTBEAT_FILE, LOST_AFTER_ENV
     api = server
     orch_store, stores, logs = _hosts(tmp_path)
@@ -347,7 +347,7 @@ def test_a_session_lost_with_its_worker_is_redone_on_another(server, tmp_path, p
                            dispatch="workers", session_deployment="seis-session/cpu")
         procs["orchestrator"] = run = _start([sys.executable, "-c", ORCHESTRATOR, config.model_dump_json()],
                                              _prefect_env(tmp_path / "orchestrator-home", api,
-                                                          **{LOST_AFTER_ENV: "45"}), logs / "orchestrator.log")
+                                                          **{LOST_AFTER_ENV: "15"}), logs / "orchestrator.log")
         beat = tmp_path / "run" / "chains" / "c0" / "000" / HEARTBEAT_FILE
         deadline = time.monotonic() + 240
         while not beat.exists():
@@ -389,7 +389,7 @@ def test_heartbeat_and_the_lost_rules(tmp_path, monkeypatch):
         assert tracker.lost("RUNNING") is None
         assert tracker.lost("RUNNING", now=time.time() + 31).startswith("no heartbeat for 31")  # beats stopped
     assert not (tmp_path / "s" / HEARTBEAT_FILE).exists()
-    # Never beat (or another attempt's beat): silence counts from when it was first seen running.
+    # Never beat (or another attempt's beat): the start allowance, counted from when it was first seen running.
     (tmp_path / "s" / HEARTBEAT_FILE).write_text("run-0")
     tracker = LostTracker(tmp_path / "s", "run-1", lost_after=30, start_after=60)
     assert tracker.lost("SCHEDULED", now=0.0) is None            # waiting for a worker is never lost
@@ -397,10 +397,15 @@ def test_heartbeat_and_the_lost_rules(tmp_path, monkeypatch):
     assert tracker.lost("PENDING", now=10_000.0) is None         # taken by a worker ...
     assert tracker.lost("PENDING", now=10_059.0) is None
     assert tracker.lost("PENDING", now=10_061.0) == "taken by a worker but not started for 61 s"  # ... never started
-    assert tracker.lost("RUNNING", now=10_100.0) is None          # started after all: the heartbeat rule now
-    assert tracker.lost("RUNNING", now=10_129.0) is None
-    assert tracker.lost("RUNNING", now=10_131.0) == "no heartbeat for 31 s"
+    assert tracker.lost("RUNNING", now=10_100.0) is None          # started after all, not beating yet
+    assert tracker.lost("RUNNING", now=10_159.0) is None
+    assert tracker.lost("RUNNING", now=10_161.0) == "running but no heartbeat yet after 61 s"
     assert tracker.lost("PENDING", now=10_200.0) is None          # back to PENDING (a retry): counted afresh
+    assert tracker.lost("RUNNING", now=10_300.0) is None
+    (tmp_path / "s" / HEARTBEAT_FILE).write_text("run-1")         # its first beat: the heartbeat rule now
+    beat = (tmp_path / "s" / HEARTBEAT_FILE).stat().st_mtime
+    assert tracker.lost("RUNNING", now=beat + 29) is None
+    assert tracker.lost("RUNNING", now=beat + 31) == "no heartbeat for 31 s"
     for env, read in ((LOST_AFTER_ENV, lost_after_s), (START_AFTER_ENV, start_after_s)):
         monkeypatch.setenv(env, "5")
         with pytest.raises(ValueError, match="more than two heartbeats"):

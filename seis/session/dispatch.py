@@ -202,10 +202,10 @@ def heartbeat_age(session_dir: Path, flow_run_id: str, now: float | None = None)
 
 
 class LostTracker:
-    """Decides, from polls of a dispatched session's flow-run state, when its worker is lost: RUNNING with no
-    heartbeat of that flow run for lost_after s (counted from when it was first seen running if it never beat), or
-    PENDING -- taken by a worker, which then never started it -- for start_after s. SCHEDULED (no worker has taken
-    it yet) is waiting, never lost."""
+    """Decides, from polls of a dispatched session's flow-run state, when its worker is lost: RUNNING and its
+    heartbeat silent for lost_after s; RUNNING without a first beat, or PENDING -- taken by a worker, which then
+    never started it -- for start_after s (a cold flow-run process takes a while to reach its first beat on a busy
+    host). SCHEDULED (no worker has taken it yet) is waiting, never lost."""
 
     def __init__(self, session_dir: Path, flow_run_id: str, lost_after: float, start_after: float = 600.0):
         self.session_dir, self.flow_run_id = session_dir, str(flow_run_id)
@@ -228,5 +228,7 @@ class LostTracker:
             return None
         self.running_since = self.running_since or now
         age = heartbeat_age(self.session_dir, self.flow_run_id, now)
-        silent = age if age is not None else now - self.running_since
-        return f"no heartbeat for {silent:.0f} s" if silent > self.lost_after else None
+        if age is None:
+            waited = now - self.running_since
+            return f"running but no heartbeat yet after {waited:.0f} s" if waited > self.start_after else None
+        return f"no heartbeat for {age:.0f} s" if age > self.lost_after else None
