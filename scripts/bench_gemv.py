@@ -1,6 +1,6 @@
 """Time the triton-gemv library transformation's fused GEMVs against E0's unfused sequence at Qwen3-0.6B shapes.
 
-    python scripts/bench_gemv.py [--entry triton-gemv|batched-gemv] [--m 1,2,4,8] [--dtype bfloat16] [--sweep]
+    python scripts/bench_gemv.py [--m 1,2,4,8] [--dtype bfloat16] [--sweep]
 
 Each variant runs as 200 back-to-back calls inside one CUDA graph (launch overhead as the engine sees it under
 graphs), cycling through enough copies of W to pass 256 MB, so W streams from memory as the engine's 28 layers
@@ -9,8 +9,7 @@ microseconds per call and the GB/s that W (plus activations) would need, for the
 for E0's F.linear + separate norm / activation kernels. --sweep also times BLOCK_N x BLOCK_K x num_warps
 combinations and reports the best, to retune triton_gemv.tiles() on a new GPU (kernels compiled first in --jobs
 processes). "layer m=M" times one decoder layer's four fused projections back to back, with and without
-programmatic dependent launch. --entry batched-gemv times that entry's tensor-core kernel (2 to 64 rows) instead of
-triton-gemv's GEMV. Needs CUDA; builds E0 + the entry (and its prerequisites) in a temp dir.
+programmatic dependent launch. Needs CUDA; builds E0 + triton-gemv in a temp dir.
 """
 from __future__ import annotations
 
@@ -84,17 +83,10 @@ def _shapes(m: int, dtype: torch.dtype, ops, gemv):
     }
 
 
-KERNELS = {"triton-gemv": "triton_gemv", "batched-gemv": "triton_batched_gemv"}  # entry -> its kernel module
-
-
-def _configs(m: int, k: int, module: str) -> list[tuple[int, int, int]]:
-    """(block_n, block_k, num_warps) worth timing: for the GEMV at most 128 accumulators and at least 8 W
-    elements (16 bytes of bf16) a thread, no wider than the row; for the tensor-core kernel tiles of 16 to 128 W
-    rows."""
+def _configs(m: int, k: int) -> list[tuple[int, int, int]]:
+    """(block_n, block_k, num_warps) worth timing: at most 128 accumulators and at least 8 W elements (16 bytes
+    of bf16) a thread, no wider than the row."""
     import triton
-    if module == "triton_batched_gemv":
-        return [(n, kk, w) for n, kk, w in itertools.product((16, 32, 64, 128), (64, 128, 256, 512), (4, 8))
-                if kk <= triton.next_power_of_2(k)]
     out = []
     for block_n, block_k, warps in itertools.product((2, 4, 8, 16, 32, 64), (128, 256, 512, 1024, 2048),
                                                      (1, 2, 4, 8)):
@@ -104,19 +96,17 @@ def _configs(m: int, k: int, module: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def _engine(engine_dir: Path, module: str):
-    import importlib
-
+def _engine(engine_dir: Path):
     from seis.engine_import import import_engine
     import_engine(engine_dir)
-    from engine.kernels import Ops, triton_ops
-    return Ops("triton", triton_ops), importlib.import_module(f"engine.kernels.{module}")
+    from engine.kernels import Ops, triton_gemv, triton_ops
+    return Ops("triton", triton_ops), triton_gemv
 
 
-def _compile(engine_dir: str, module: str, m: int, dtype: str, name: str, configs: list) -> int:
+def _compile(engine_dir: str, m: int, dtype: str, name: str, configs: list) -> int:
     """In a worker process: launch each tile config once, so Triton's on-disk cache holds its kernel."""
     sys.path.insert(0, str(REPO))
-    ops, gemv = _engine(Path(engine_dir), module)
+    ops, gemv = _engine(Path(engine_dir))
     fused = _shapes(m, getattr(torch, dtype), ops, gemv)[name][1]
     for block_n, block_k, warps in configs:
         fused(0, block_n=block_n, block_k=block_k, num_warps=warps)
@@ -124,21 +114,21 @@ def _compile(engine_dir: str, module: str, m: int, dtype: str, name: str, config
     return len(configs)
 
 
-def _precompile(engine_dir: Path, module: str, ms: list[int], dtype: str, jobs: int) -> None:
+def _precompile(engine_dir: Path, ms: list[int], dtype: str, jobs: int) -> None:
     work = []
     for m in ms:
         for name, (n, k) in {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN),
                              "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}.items():
-            configs = _configs(m, k, module)
-            work += [(str(engine_dir), module, m, dtype, name, configs[i::4]) for i in range(4)]
+            configs = _configs(m, k)
+            work += [(str(engine_dir), m, dtype, name, configs[i::4]) for i in range(4)]
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         list(pool.map(_compile, *zip(*work)))
 
 
-def _sweep(fused, m: int, n: int, k: int, module: str) -> dict:
+def _sweep(fused, m: int, n: int, k: int) -> dict:
     best = None
-    for block_n, block_k, warps in _configs(m, k, module):
+    for block_n, block_k, warps in _configs(m, k):
         us = _time_us(lambda i: fused(i, block_n=block_n, block_k=block_k, num_warps=warps))
         if best is None or us < best["us"]:
             best = {"us": round(us, 2), "block_n": block_n, "block_k": block_k, "num_warps": warps,
@@ -148,8 +138,7 @@ def _sweep(fused, m: int, n: int, k: int, module: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--entry", default="triton-gemv", choices=sorted(KERNELS), help="whose kernel to time")
-    ap.add_argument("--m", default="1", help="comma-separated token counts (triton-gemv <= 8, batched-gemv 2-64)")
+    ap.add_argument("--m", default="1", help="comma-separated token counts (<= 8)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--sweep", action="store_true", help="also search tile parameters per shape")
     ap.add_argument("--jobs", type=int, default=8, help="processes compiling the sweep's kernels")
@@ -158,35 +147,33 @@ def main() -> None:
         sys.exit("bench_gemv needs a CUDA device")
     sys.path.insert(0, str(REPO))
     from seis.agents.offline.library import load_library
-    from seis.agents.offline.merge import with_prerequisites
     from seis.agents.offline.verify import build_candidate
 
     dtype = getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory(prefix="seis-bench-gemv-") as tmp:
-        t = {t.name: t for t in load_library()}[args.entry]
-        engine_dir = build_candidate(Path(tmp) / "engine", with_prerequisites(t))
-        module = KERNELS[args.entry]
+        t = {t.name: t for t in load_library()}["triton-gemv"]
+        engine_dir = build_candidate(Path(tmp) / "engine", [t])
         ms = [int(v) for v in args.m.split(",")]
         if args.sweep:
-            _precompile(engine_dir, module, ms, args.dtype, args.jobs)
-        ops, kernels = _engine(engine_dir, module)
+            _precompile(engine_dir, ms, args.dtype, args.jobs)
+        ops, triton_gemv = _engine(engine_dir)
         report = {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "calls_per_graph": CALLS,
                   "median_of": REPEATS, "results": {}}
         for m in ms:
-            for name, (nbytes, fused, unfused, k, n) in _shapes(m, dtype, ops, kernels).items():
+            for name, (nbytes, fused, unfused, k, n) in _shapes(m, dtype, ops, triton_gemv).items():
                 fused_us, e0_us = _time_us(fused), _time_us(unfused)
-                tiles = kernels.tiles(m, n, k)
+                tiles = triton_gemv.tiles(m, n, k)
                 entry = {"tiles": dict(zip(("block_m", "block_n", "block_k", "num_warps"), tiles)),
                          "fused_us": round(fused_us, 2), "fused_gbps": round(nbytes / fused_us / 1e3, 1),
                          "e0_us": round(e0_us, 2), "e0_gbps": round(nbytes / e0_us / 1e3, 1),
                          "speedup": round(e0_us / fused_us, 3)}
                 if args.sweep:
-                    entry["best"] = _sweep(fused, m, n, k, module)
+                    entry["best"] = _sweep(fused, m, n, k)
                     entry["best"]["gbps"] = round(nbytes / entry["best"]["us"] / 1e3, 1)
                 report["results"][f"{name} m={m}"] = entry
             # A decoder layer's four projections back to back, as the engine runs them: with and without
             # programmatic dependent launch (each GEMV's first W loads overlapping the previous kernel's tail).
-            fns = [v[1] for name, v in _shapes(m, dtype, ops, kernels).items() if name != "lm_head"]
+            fns = [v[1] for name, v in _shapes(m, dtype, ops, triton_gemv).items() if name != "lm_head"]
             report["results"][f"layer m={m}"] = {
                 f"pdl_{pdl}_us": round(_time_us(lambda i, pdl=pdl: [f(i, pdl=pdl) for f in fns]), 2)
                 for pdl in (False, True)}

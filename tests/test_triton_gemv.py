@@ -48,16 +48,35 @@ def test_model_through_the_kernels_matches_the_torch_path(results):
 
 # ---- the child: runs with TRITON_INTERPRET=1 and the candidate engine on sys.path --------------------------------
 
+def _round_bf16_to_nearest_even() -> None:
+    """Triton's interpreter narrows float32 to bf16 by truncation (and its RTNE mode mishandles the mantissa carry);
+    the GPU rounds to nearest even (cvt.rn.bf16.f32), as torch does. Give the interpreter torch's conversion, so
+    the rounding points the kernels share with E0 are compared as the GPU runs them."""
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    convert = interpreter._convert_float
+
+    def _convert(data, src, dst, rounding_mode):
+        if src == tl.float32 and dst == tl.bfloat16:
+            f32 = torch.from_numpy(np.ascontiguousarray(data).view(np.float32))
+            return f32.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        return convert(data, src, dst, rounding_mode)
+
+    interpreter._convert_float = _convert
+
+
 def _child(engine_dir: str, out: str) -> None:
     import traceback
 
     import torch
     import torch.nn.functional as F
 
-    from interpreter_bf16 import gpu_like_bf16
     from seis.engine_import import import_engine
 
-    gpu_like_bf16()
+    _round_bf16_to_nearest_even()
     torch.manual_seed(0)
     import_engine(engine_dir)
     from engine.kernels import torch_ops, triton_gemv, triton_ops
