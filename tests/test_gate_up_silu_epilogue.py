@@ -33,7 +33,7 @@ triton_gemv.norm_gemv_silu_mul = lambda *a, **k: fused_calls.append(1) or fused(
 g = torch.Generator().manual_seed(0)
 eps, cases = 1e-6, 0
 # (hidden, intermediate): a tail chunk of K and an intermediate size that is not a multiple of the tile. Per shape,
-# each token count (9: above GEMV_MAX_TOKENS, E0's kernels) once, each dtype with and without a residual, not the
+# each token count (above GEMV_MAX_TOKENS: E0's kernels) once, each dtype with and without a residual, not the
 # whole product: every launch costs the interpreter about half a second. Qwen3-0.6B's shapes, whose plain gate-up
 # GEMV takes wider tiles, are checked on the GPU (tests/gpu/test_gate_up_silu_epilogue.py).
 F32, BF16 = torch.float32, torch.bfloat16
@@ -46,11 +46,11 @@ for hidden, inter in [(64, 96), (200, 37)]:
         nw = (torch.rand(hidden, generator=g) + 0.5).to(dtype)
         gate_up = (torch.randn(2 * inter, hidden, generator=g) * 0.2).to(dtype)
         down = (torch.randn(hidden, inter, generator=g) * 0.2).to(dtype)
-        # E0's add-RMSNorm above 8 tokens works in place: each path gets its own copies
+        # E0's add-RMSNorm above GEMV_MAX_TOKENS works in place: each path gets its own copies
         fresh = lambda: (x.clone(), res.clone() if res is not None else None)
         # what the candidate's prerequisite does: gate | up out of the GEMV, SiLU-and-mul in the down GEMV
         y, want_res = triton_ops.norm_linear(*fresh(), nw, eps, gate_up)
-        want_act = triton_ops.silu_and_mul(y) if tokens > 8 else torch_ops.silu_and_mul(y)
+        want_act = triton_ops.silu_and_mul(y) if tokens > triton_gemv.GEMV_MAX_TOKENS else torch_ops.silu_and_mul(y)
         want_out = triton_ops.silu_mul_linear(y, down)
         act, got_res = triton_ops.norm_linear_silu_mul(*fresh(), nw, eps, gate_up)
         out = triton_ops.linear(act, down)
@@ -62,8 +62,8 @@ for hidden, inter in [(64, 96), (200, 37)]:
         rtol = 1e-6 if dtype == torch.float32 else 2 ** -6
         assert torch.allclose(act.float(), want_act.float(), rtol=rtol, atol=1e-6), (dtype, tokens)
         cases += 1
-        expected_fused += tokens <= 8
-assert len(fused_calls) == expected_fused  # every case of up to 8 tokens took the fused GEMV
+        expected_fused += tokens <= triton_gemv.GEMV_MAX_TOKENS
+assert len(fused_calls) == expected_fused  # every case of up to GEMV_MAX_TOKENS took the fused GEMV
 print(f"cases {cases}")
 '''
 

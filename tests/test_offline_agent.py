@@ -268,9 +268,9 @@ def _library_with_a_dependent(tmp_path, prerequisites=("triton-gemv",)):
         shutil.copytree(LIBRARY[name].path, root / name)
     base = build_candidate(tmp_path / "made-on", [LIBRARY["triton-gemv"]])
     gemv, model = "engine/kernels/triton_gemv.py", "engine/model.py"
-    new_gemv = (base / gemv).read_text().replace("GEMV_MAX_TOKENS = 8", "GEMV_MAX_TOKENS = 8  # noted")
+    new_gemv = (base / gemv).read_text().replace("GEMV_MAX_TOKENS = 2", "GEMV_MAX_TOKENS = 2  # noted")
     line = "hidden = ops.linear(attn_out, self.o_proj)"
-    assert "GEMV_MAX_TOKENS = 8" in (base / gemv).read_text() and line in (base / model).read_text()
+    assert "GEMV_MAX_TOKENS = 2" in (base / gemv).read_text() and line in (base / model).read_text()
     assert line not in (ENGINE_TEMPLATE / model).read_text()  # a line triton-gemv wrote
     new_model = (base / model).read_text().replace(line, line + "  # noted")
     (root / "gemv-note").mkdir()
@@ -302,7 +302,7 @@ def test_a_dependent_transformation_builds_on_its_prerequisites(tmp_path):
         trees.append(tree_hash(ws.root))
     assert len(set(trees)) == 1
     text = (ws.root / "engine/kernels/triton_gemv.py").read_text()
-    assert "GEMV_MAX_TOKENS = 8  # noted" in text and "  # noted" in (ws.root / "engine/model.py").read_text()
+    assert "GEMV_MAX_TOKENS = 2  # noted" in text and "  # noted" in (ws.root / "engine/model.py").read_text()
     # The agent tries it only once its prerequisite is in, whatever its exploration order.
     for i in range(3):
         ws = _ws(tmp_path, f"agent{i}")
