@@ -13,7 +13,8 @@ of the call / its wall time (prefill included); median (min–max) over repetiti
 sgl-project/mini-sglang), else E0, and the table says which.
 
 SEIS engines run in their sandboxed processes (as the gate runs them); mini-sglang runs in its own process through
-its own offline API (`seis.benchmarks.minisgl_worker`).
+its own offline API (`seis.benchmarks.minisgl_worker`). The systems are built at the same time (each build is its
+own process: model load, kernel compilation, CUDA-graph capture) and timed one after another once all are up.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +50,10 @@ class MiniSgl:
         self.proc = subprocess.Popen([sys.executable, "-m", "seis.benchmarks.minisgl_worker", str(model_dir)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.timeout_s = timeout_s
-        ready = self._read()
-        self.eos_token_ids = ready["eos_token_ids"]
+        self.eos_token_ids: list[int] = []
+
+    def wait_built(self) -> None:
+        self.eos_token_ids = self._read()["eos_token_ids"]
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -76,7 +80,10 @@ class SeisEngine:
     def __init__(self, engine_dir: Path, model_dir: Path, options: dict, cache_dir: Path):
         from ..engine_host import EngineProcess
         self.proc = EngineProcess(engine_dir, model_dir, options, timeout_s=900, cache_dir=cache_dir)
-        self.proc.start()
+        self.proc.start()  # from the main thread: the sandbox dies with the thread that started it
+        self.build: dict = {}
+
+    def wait_built(self) -> None:
         self.build = self.proc.build()
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool) -> list[list[int]]:
@@ -89,6 +96,21 @@ class SeisEngine:
 
     def close(self) -> None:
         self.proc.close()
+
+
+def wait_all_built(systems: dict) -> None:
+    """Waits for every started system (label -> system) to finish building, all at once; raises the first
+    failure once every build has ended."""
+    t0 = time.perf_counter()
+
+    def wait(label, system):
+        system.wait_built()
+        print(f"built {label} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+    with ThreadPoolExecutor(max(1, len(systems))) as pool:
+        futures = [pool.submit(wait, label, system) for label, system in systems.items()]
+    for f in futures:
+        f.result()
 
 
 def engine_trees(stack: list[str], engines: dict[str, Path], snapshots: list[str], store: Path,
@@ -263,16 +285,15 @@ def main(argv: list[str] | None = None) -> dict:
         trees = engine_trees([n for n in args.stack.split(",") if n], labelled, args.snapshot,
                              args.store, Path(tmp), args.stack_label)
         shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), Path(tmp) / "cache-E0"))
+        # each candidate's cache is a copy of E0's as it stands before anything builds (E0 writes into its own)
+        caches = {label: shared if label == "E0" else private_cache(Path(tmp) / f"cache-{i}", shared)
+                  for i, label in enumerate(trees)}
         try:
             if with_vanilla:
-                t0 = time.perf_counter()
                 systems[VANILLA] = MiniSgl(model_dir)
-                print(f"built {VANILLA} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-            for i, (label, tree) in enumerate(trees.items()):
-                t0 = time.perf_counter()
-                cache = shared if label == "E0" else private_cache(Path(tmp) / f"cache-{i}", shared)
-                systems[label] = SeisEngine(tree, model_dir, options, cache)
-                print(f"built {label} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            for label, tree in trees.items():
+                systems[label] = SeisEngine(tree, model_dir, options, caches[label])
+            wait_all_built(systems)
             results = measure(systems, calls, args.new_tokens, args.reps)
             stats = {n: s.stats() for n, s in systems.items() if isinstance(s, SeisEngine)}
         finally:
