@@ -184,8 +184,8 @@ def _child(engine_dir: str, out: str) -> None:
 
     def case_model():
         # tiny-qwen3 (fp32): E0's torch ops vs the candidate's triton ops (every kernel interpreted) in one engine.
-        # The 13-token batch prefills through E0's kernels and decodes at batch 2 through the GEMVs; the 4-token
-        # prompt prefills through them too, its logits from the gathered last row.
+        # Both prompts prefill through E0's kernels (more than GEMV_MAX_TOKENS rows) and decode at batch 2 through
+        # the GEMVs; the 4-token prompt's logits come from its gathered last row through the LM-head GEMV.
         import triton
 
         import engine as E
