@@ -50,10 +50,9 @@ class MiniSgl:
         self.proc = subprocess.Popen([sys.executable, "-m", "seis.benchmarks.minisgl_worker", str(model_dir)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.timeout_s = timeout_s
-        self.eos_token_ids: list[int] = []
 
     def wait_built(self) -> None:
-        self.eos_token_ids = self._read()["eos_token_ids"]
+        self._read()  # its "ready" line
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
