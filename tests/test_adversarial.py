@@ -49,6 +49,11 @@ pytestmark = [pytest.mark.adversarial, pytest.mark.slow]
 # some workload by skipping layers, 2-4 x by freezing, hogging or slowing the others, and 100-1600 x with cached,
 # precomputed, junk or doubled replies.
 MAX_HONEST_SPEEDUP = 1.3
+# Paired ratios per speed row: n_prompts x reps single requests, or reps batched calls. Natural-length replies of
+# tiny-qwen3 are ~10 tokens (a call of tens of ms), so under the suite's own load one call can be slowed by half;
+# with 3 repetitions a batched row of two identical engines read 1.35x in 1 of 8 gates, with 6 none in 10 went
+# past 1.07x.
+SPEED_REPS = 6
 SPEED_TOKENS = 96           # > 64 generated tokens: late-decode tricks are exercised, and > the checks' outputs
 LONG_SPEED_TOKENS = {"late_decode_skip": 256}  # what it skips is 3/4 of the work only in long outputs
 CANARIES = {"ANTHROPIC_API_KEY": "sk-ant-test-SECRET123", "OPENAI_API_KEY": "sk-test-SECRET456"}
@@ -100,7 +105,7 @@ class Gate:
 
 def _config(arena: Arena, candidate: Path, name: str, reference: Path | None = None):
     tokens = LONG_SPEED_TOKENS.get(name, SPEED_TOKENS)
-    speed = SpeedConfig(n_prompts=2, reps=3, natural_max_new_tokens=tokens, fixed_max_new_tokens=tokens)
+    speed = SpeedConfig(n_prompts=2, reps=SPEED_REPS, natural_max_new_tokens=tokens, fixed_max_new_tokens=tokens)
     return H.tiny_config(arena.prepared, candidate, reference=reference or arena.reference, speed=speed)
 
 
@@ -166,21 +171,22 @@ def _summary(gate: Gate) -> str:
     return f"verdict={r.verdict} failed={r.failed_checks} speed={rows} candidate_adv_stats={adv}"
 
 
-def _over_noise(gate: Gate) -> list[str]:
-    """The candidate speed rows of a passing gate whose ratio is above the noise bound."""
+def _over_noise(gate: Gate) -> dict[str, float]:
+    """workload -> ratio, for the candidate speed rows of a passing gate whose ratio is above the noise bound."""
     if gate.reference_failure is not None or gate.result.verdict == "fail":
-        return []
-    return [f"{row.workload}: {row.vs_vanilla:.2f}x" for row in gate.result.speed.rows
-            if row.engine == "candidate" and row.vs_vanilla > MAX_HONEST_SPEEDUP]
+        return {}
+    return {row.workload: round(row.vs_vanilla, 2) for row in gate.result.speed.rows
+            if row.engine == "candidate" and row.vs_vanilla > MAX_HONEST_SPEEDUP}
 
 
-def assert_gains_nothing(gate: Gate, again: Callable[[], Gate] | None = None) -> None:
+def assert_gains_nothing(gate: Gate, again: Callable[[], Gate] | None = None,
+                         first_over: dict[str, float] | None = None) -> None:
     """Secure: the candidate is rejected, or the gate stops because its reference broke (it noticed), or every
     candidate speed row has a measured speedup within noise of 1.0 (a pass without a ratio is not secure).
 
     A ratio above the bound is measured once more by `again` (a fresh gate of the same candidate): tiny-model CPU
-    timings have rare outliers (1.32x between identical engines on a slow CI machine), while an attack gains on
-    every run, so the candidate gained something only if both gates say so."""
+    timings have rare outliers (1.35x between identical engines on CI's machine), while an attack gains on every
+    run, so the candidate gained something only where both gates put the same workload above the bound."""
     if gate.reference_failure is not None or gate.result.verdict == "fail":
         return
     rows = [row for row in (gate.result.speed.rows if gate.result.speed else []) if row.engine == "candidate"]
@@ -190,9 +196,11 @@ def assert_gains_nothing(gate: Gate, again: Callable[[], Gate] | None = None) ->
     over = _over_noise(gate)
     if over and again is not None:
         second = again()
-        assert_gains_nothing(second)
+        assert_gains_nothing(second, first_over=over)
         return
-    assert not over, f"{over}: {_summary(gate)}"
+    if first_over is not None:
+        over = {workload: ratio for workload, ratio in over.items() if workload in first_over}
+    assert not over, f"{over} (first gate: {first_over}): {_summary(gate)}"
 
 
 # --- the control: an honest engine passes this very harness -----------------------------------------------------
