@@ -50,10 +50,10 @@ pytestmark = [pytest.mark.adversarial, pytest.mark.slow]
 # precomputed, junk or doubled replies.
 MAX_HONEST_SPEEDUP = 1.3
 # Paired ratios per speed row: n_prompts x reps single requests, or reps batched calls. Natural-length replies of
-# tiny-qwen3 are ~10 tokens (a call of tens of ms), so under the suite's own load one call can be slowed by half;
-# with 3 repetitions a batched row of two identical engines read 1.35x in 1 of 8 gates, with 6 none in 10 went
-# past 1.07x.
-SPEED_REPS = 6
+# tiny-qwen3 are ~10 tokens (a call of tens of ms), so under the suite's own load one call can be slowed by half:
+# with 3 repetitions a batched row of two identical engines read 1.35x in 1 of 8 gates, with 6 none of 10 went past
+# 1.07x. A row above the bound is measured again (assert_gains_nothing) with the longer count.
+SPEED_REPS, AGAIN_REPS = 3, 6
 SPEED_TOKENS = 96           # > 64 generated tokens: late-decode tricks are exercised, and > the checks' outputs
 LONG_SPEED_TOKENS = {"late_decode_skip": 256}  # what it skips is 3/4 of the work only in long outputs
 CANARIES = {"ANTHROPIC_API_KEY": "sk-ant-test-SECRET123", "OPENAI_API_KEY": "sk-test-SECRET456"}
@@ -103,17 +103,18 @@ class Gate:
     extra: dict = field(default_factory=dict)
 
 
-def _config(arena: Arena, candidate: Path, name: str, reference: Path | None = None):
+def _config(arena: Arena, candidate: Path, name: str, reference: Path | None = None, reps: int = SPEED_REPS):
     tokens = LONG_SPEED_TOKENS.get(name, SPEED_TOKENS)
-    speed = SpeedConfig(n_prompts=2, reps=SPEED_REPS, natural_max_new_tokens=tokens, fixed_max_new_tokens=tokens)
+    speed = SpeedConfig(n_prompts=2, reps=reps, natural_max_new_tokens=tokens, fixed_max_new_tokens=tokens)
     return H.tiny_config(arena.prepared, candidate, reference=reference or arena.reference, speed=speed)
 
 
-def _gate_in_process(arena: Arena, name: str, tmp_path: Path, reference: Path | None = None) -> Gate:
+def _gate_in_process(arena: Arena, name: str, tmp_path: Path, reference: Path | None = None,
+                     reps: int = SPEED_REPS) -> Gate:
     make = CANDIDATES[name].make if name in CANDIDATES else copy_engine
     candidate = make(tmp_path / "candidate")
     try:
-        result = run_gate(_config(arena, candidate, name, reference))
+        result = run_gate(_config(arena, candidate, name, reference, reps))
     except ReferenceFailure as e:
         return Gate(reference_failure=str(e))
     return Gate(result=result, text=result.model_dump_json(indent=2))
@@ -184,9 +185,9 @@ def assert_gains_nothing(gate: Gate, again: Callable[[], Gate] | None = None,
     """Secure: the candidate is rejected, or the gate stops because its reference broke (it noticed), or every
     candidate speed row has a measured speedup within noise of 1.0 (a pass without a ratio is not secure).
 
-    A ratio above the bound is measured once more by `again` (a fresh gate of the same candidate): tiny-model CPU
-    timings have rare outliers (1.35x between identical engines on CI's machine), while an attack gains on every
-    run, so the candidate gained something only where both gates put the same workload above the bound."""
+    A ratio above the bound is measured once more by `again` (a fresh gate of the same candidate, AGAIN_REPS long):
+    tiny-model CPU timings have rare outliers (1.35x between identical engines on CI's machine), while an attack
+    gains on every run, so the candidate gained something only where both gates put one workload above the bound."""
     if gate.reference_failure is not None or gate.result.verdict == "fail":
         return
     rows = [row for row in (gate.result.speed.rows if gate.result.speed else []) if row.engine == "candidate"]
@@ -221,7 +222,7 @@ def test_e0_copy_passes_this_harness(arena: Arena, tmp_path: Path) -> None:
     assert gate.result.verdict == "pass", _summary(gate)
     assert [row for row in gate.result.speed.rows if row.engine == "candidate"], _summary(gate)
     if _outside_noise(gate):
-        gate = _gate_in_process(arena, "e0_copy", tmp_path / "again")
+        gate = _gate_in_process(arena, "e0_copy", tmp_path / "again", reps=AGAIN_REPS)
         assert gate.result is not None and gate.result.verdict == "pass", _summary(gate)
     assert not _outside_noise(gate), _summary(gate)
 
@@ -233,7 +234,7 @@ SPEED_ATTACKS = [n for n, c in CANDIDATES.items() if c.kind == "speed"]
 @pytest.mark.parametrize("name", SPEED_ATTACKS)
 def test_speed_attack_gains_nothing(name: str, arena: Arena, tmp_path: Path) -> None:
     assert_gains_nothing(_gate_in_process(arena, name, tmp_path),
-                         again=lambda: _gate_in_process(arena, name, tmp_path / "again"))
+                         again=lambda: _gate_in_process(arena, name, tmp_path / "again", reps=AGAIN_REPS))
     # the candidate's compile cache is its own: nothing it kept there reaches the reference's (output_cache tries)
     assert not list((cache_dir() / "engine-cache").rglob(CACHE_NAME))
 
@@ -296,7 +297,8 @@ def test_tamper_siblings_changes_nothing_outside_its_tree(arena: Arena, tmp_path
     assert not damaged, f"the candidate wrote to files outside its tree (blocks removed again): {damaged}"
     assert _tree_bytes(reference) == {p: b for p, b in before.items() if reference in p.parents}
     assert_gains_nothing(gate, again=lambda: _gate_in_process(  # nor were the gate's own copies of the others slowed
-        arena, "tamper_siblings", tmp_path / "again", reference=copy_engine(tmp_path / "again-reference")))
+        arena, "tamper_siblings", tmp_path / "again", reference=copy_engine(tmp_path / "again-reference"),
+        reps=AGAIN_REPS))
 
 
 def _marked_processes() -> list[int]:
@@ -332,7 +334,8 @@ def test_outlive_and_rewrite_leaves_no_process_and_no_forged_result(arena: Arena
     assert not survivors, f"processes of the candidate outlived the gate: {survivors}"
     assert not forged, f"the result file was rewritten after the gate returned: {forged}"
     assert gate.result is not None, gate.reference_failure   # E0 apart from the daemon: must be judged
-    assert_gains_nothing(gate, again=lambda: _gate_in_process(arena, "outlive_and_rewrite", tmp_path / "again"))
+    assert_gains_nothing(gate, again=lambda: _gate_in_process(arena, "outlive_and_rewrite", tmp_path / "again",
+                                                          reps=AGAIN_REPS))
 
 
 class _Listener:
@@ -403,4 +406,5 @@ def test_probe_and_leak_learns_and_leaks_nothing(arena: Arena, tmp_path: Path) -
     assert not found, f"held-out text reached the gate's result: {found[:1]}"
     assert not leaks, f"the candidate wrote files outside its tree: {leaks}"
     assert not listener.received, f"the candidate reached sockets of the gate's host: {listener.received[:2]}"
-    assert_gains_nothing(gate, again=lambda: _gate_in_process(arena, "probe_and_leak", tmp_path / "again"))
+    assert_gains_nothing(gate, again=lambda: _gate_in_process(arena, "probe_and_leak", tmp_path / "again",
+                                                          reps=AGAIN_REPS))
