@@ -120,6 +120,11 @@ def _gate_in_process(arena: Arena, name: str, tmp_path: Path, reference: Path | 
     return Gate(result=result, text=result.model_dump_json(indent=2))
 
 
+def _gate_again(arena: Arena, name: str, tmp_path: Path, reference: Path | None = None) -> Gate:
+    """A fresh gate of the same candidate, measured AGAIN_REPS long (a row above the noise bound, measured again)."""
+    return _gate_in_process(arena, name, tmp_path / "again", reference, reps=AGAIN_REPS)
+
+
 GATE_SCRIPT = """
 import hashlib, sys
 from pathlib import Path
@@ -185,7 +190,7 @@ def assert_gains_nothing(gate: Gate, again: Callable[[], Gate] | None = None,
     """Secure: the candidate is rejected, or the gate stops because its reference broke (it noticed), or every
     candidate speed row has a measured speedup within noise of 1.0 (a pass without a ratio is not secure).
 
-    A ratio above the bound is measured once more by `again` (a fresh gate of the same candidate, AGAIN_REPS long):
+    A ratio above the bound is measured once more by `again` (_gate_again: a fresh gate, AGAIN_REPS long):
     tiny-model CPU timings have rare outliers (1.35x between identical engines on CI's machine), while an attack
     gains on every run, so the candidate gained something only where both gates put one workload above the bound."""
     if gate.reference_failure is not None or gate.result.verdict == "fail":
@@ -222,7 +227,7 @@ def test_e0_copy_passes_this_harness(arena: Arena, tmp_path: Path) -> None:
     assert gate.result.verdict == "pass", _summary(gate)
     assert [row for row in gate.result.speed.rows if row.engine == "candidate"], _summary(gate)
     if _outside_noise(gate):
-        gate = _gate_in_process(arena, "e0_copy", tmp_path / "again", reps=AGAIN_REPS)
+        gate = _gate_again(arena, "e0_copy", tmp_path)
         assert gate.result is not None and gate.result.verdict == "pass", _summary(gate)
     assert not _outside_noise(gate), _summary(gate)
 
@@ -234,7 +239,7 @@ SPEED_ATTACKS = [n for n, c in CANDIDATES.items() if c.kind == "speed"]
 @pytest.mark.parametrize("name", SPEED_ATTACKS)
 def test_speed_attack_gains_nothing(name: str, arena: Arena, tmp_path: Path) -> None:
     assert_gains_nothing(_gate_in_process(arena, name, tmp_path),
-                         again=lambda: _gate_in_process(arena, name, tmp_path / "again", reps=AGAIN_REPS))
+                         again=lambda: _gate_again(arena, name, tmp_path))
     # the candidate's compile cache is its own: nothing it kept there reaches the reference's (output_cache tries)
     assert not list((cache_dir() / "engine-cache").rglob(CACHE_NAME))
 
@@ -296,9 +301,8 @@ def test_tamper_siblings_changes_nothing_outside_its_tree(arena: Arena, tmp_path
     # Files that changed without the candidate's marker are other people's edits of the checkout, not damage.
     assert not damaged, f"the candidate wrote to files outside its tree (blocks removed again): {damaged}"
     assert _tree_bytes(reference) == {p: b for p, b in before.items() if reference in p.parents}
-    assert_gains_nothing(gate, again=lambda: _gate_in_process(  # nor were the gate's own copies of the others slowed
-        arena, "tamper_siblings", tmp_path / "again", reference=copy_engine(tmp_path / "again-reference"),
-        reps=AGAIN_REPS))
+    assert_gains_nothing(gate, again=lambda: _gate_again(  # nor were the gate's own copies of the others slowed
+        arena, "tamper_siblings", tmp_path, reference=copy_engine(tmp_path / "again-reference")))
 
 
 def _marked_processes() -> list[int]:
@@ -334,8 +338,7 @@ def test_outlive_and_rewrite_leaves_no_process_and_no_forged_result(arena: Arena
     assert not survivors, f"processes of the candidate outlived the gate: {survivors}"
     assert not forged, f"the result file was rewritten after the gate returned: {forged}"
     assert gate.result is not None, gate.reference_failure   # E0 apart from the daemon: must be judged
-    assert_gains_nothing(gate, again=lambda: _gate_in_process(arena, "outlive_and_rewrite", tmp_path / "again",
-                                                          reps=AGAIN_REPS))
+    assert_gains_nothing(gate, again=lambda: _gate_again(arena, "outlive_and_rewrite", tmp_path))
 
 
 class _Listener:
@@ -406,5 +409,4 @@ def test_probe_and_leak_learns_and_leaks_nothing(arena: Arena, tmp_path: Path) -
     assert not found, f"held-out text reached the gate's result: {found[:1]}"
     assert not leaks, f"the candidate wrote files outside its tree: {leaks}"
     assert not listener.received, f"the candidate reached sockets of the gate's host: {listener.received[:2]}"
-    assert_gains_nothing(gate, again=lambda: _gate_in_process(arena, "probe_and_leak", tmp_path / "again",
-                                                          reps=AGAIN_REPS))
+    assert_gains_nothing(gate, again=lambda: _gate_again(arena, "probe_and_leak", tmp_path))
