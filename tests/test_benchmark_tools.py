@@ -1,9 +1,11 @@
 """The benchmark tools' own logic, on CPU: which engines a ladder run times (and its refusal of bad --engine
 values before anything starts), a whole small ladder run with its engines' counters, and how the kernel profile
-turns kernel intervals into GPU busy and idle time."""
+turns kernel intervals into GPU busy and idle time; the split-K projection kernel of scripts/bench_splitk.py against
+its float32 reference under Triton's interpreter."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +14,8 @@ import pytest
 
 from seis.benchmarks import kernel_profile, ladder
 from seis.engine_import import ENGINE_TEMPLATE
+
+REPO = ENGINE_TEMPLATE.parent
 
 
 def test_ladder_times_extra_engine_trees_under_their_labels(tmp_path):
@@ -100,3 +104,14 @@ def test_ladder_builds_an_entry_alone_after_its_prerequisites(tmp_path):
     tree = got["E0 + gate-up-silu-epilogue"][0]
     assert (tree / "engine/kernels/triton_gemv.py").is_file()  # triton-gemv, a prerequisite, is in it
     assert "norm_linear_silu_mul" in (tree / "engine/model.py").read_text()
+
+
+def test_the_split_k_projection_kernel_matches_its_reference_under_the_interpreter():
+    """Every prologue (none, add-RMSNorm with its new residual, SiLU-and-mul), K split unevenly, 1 to 32 rows, the
+    counters back at zero after each launch: what the GPU timings of bench_splitk.py rest on."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_splitk.py"), "--check"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "6 cases equal to the reference" in done.stdout
