@@ -6,8 +6,9 @@ Qwen3-0.6B shapes (16 query heads, 8 KV heads, head dim 128, pages of 16).
 Each engine variant (E0, E0 + splitkv-by-batch-size, E0 + fused-decode-attention) runs in its own process
 through its own TritonAttention.decode: one CUDA graph holds 28 layers' decode attention (28 KV caches, as a
 forward step reads them) replayed 5 times; the time is the median per layer call, in microseconds. Every variant's
-output is compared with E0's torch (SDPA) path first. --sweep also times block_n x num_warps x splits for the
-transformations whose paged_decode takes them. Prints one JSON object. Needs CUDA.
+output is compared with E0's torch (SDPA) path first. --sweep also times block_n x num_warps x splits (x mma,
+tensor cores or not, where the kernel offers both) for the transformations whose paged_decode takes them, and
+reports the best tile and the best on tensor cores. Prints one JSON object. Needs CUDA.
 """
 from __future__ import annotations
 
@@ -62,24 +63,34 @@ def run_variant(engine_dir: Path, lens: list[int], batch_sizes: list[int], sweep
                                  cuda_graph=True)
             attn = TritonAttention(HEADS, KV_HEADS, HEAD_DIM, max_bs, dev)
             qh = q.view(bs, HEADS, HEAD_DIM)
-            err = (attn.decode(0, qh, batch, kv).float() - ref.decode(0, qh, batch, kv).float()).abs().max().item()
+            want = ref.decode(0, qh, batch, kv).float()
+            err = (attn.decode(0, qh, batch, kv).float() - want).abs().max().item()
             entry = {"us": round(graph_us(lambda layer: attn.decode(layer, qh, batch, kv), LAYERS, REPEATS), 2),
                      "max_abs_err_vs_sdpa": round(err, 5)}
             if sweep and tile_args:
-                best = None
+                best = best_mma = None
                 # The number of splits itself, not only its cap: the rule's choice at a large batch (2 at 32
                 # requests) sits below every cap, so sweeping max_splits would time one point.
-                for block_n, warps, splits in itertools.product((16, 32, 64), (2, 4, 8),
-                                                           [s for s in (2, 4, 8, 16, 32) if s <= attn.max_splits]):
-                    triton_attention.paged_decode = functools.partial(original, block_n=block_n, num_warps=warps)
+                mma_choices = (False, True) if "mma" in original.__code__.co_varnames else (False,)
+                for block_n, warps, splits, mma in itertools.product(
+                        (16, 32, 64), (2, 4, 8), [s for s in (2, 4, 8, 16, 32) if s <= attn.max_splits], mma_choices):
+                    kw = {"mma": True} if mma else {}  # tensor cores (fused-decode-attention's variant)
+                    triton_attention.paged_decode = functools.partial(original, block_n=block_n, num_warps=warps, **kw)
                     attn.num_splits = lambda _bs, splits=splits: splits
+                    err = (attn.decode(0, qh, batch, kv).float() - want).abs().max().item()
                     us = graph_us(lambda layer: attn.decode(layer, qh, batch, kv), LAYERS, REPEATS)
                     if best is None or us < best["us"]:
-                        best = {"us": round(us, 2), "block_n": block_n, "num_warps": warps, "splits": splits}
+                        best = {"us": round(us, 2), "block_n": block_n, "num_warps": warps, "splits": splits,
+                                "mma": mma, "max_abs_err_vs_sdpa": round(err, 5)}
+                    if mma and (best_mma is None or us < best_mma["us"]):
+                        best_mma = {"us": round(us, 2), "block_n": block_n, "num_warps": warps, "splits": splits,
+                                    "max_abs_err_vs_sdpa": round(err, 5)}
                 triton_attention.paged_decode = original
                 del attn.num_splits  # the class's rule again
                 entry["rule_splits"] = attn.num_splits(bs)
                 entry["best"] = best
+                if best_mma:
+                    entry["best_mma"] = best_mma
             results[f"bs={bs} len={length}"] = entry
     return results
 

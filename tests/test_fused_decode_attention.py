@@ -1,7 +1,8 @@
 """The `fused-decode-attention` library entry on CPU: its one-launch split-KV kernel, run by Triton's interpreter,
 computes paged decode attention (checked against an fp32 softmax over each request's gathered pages), leaves its
 counters at zero after every launch, and agrees with E0's two-launch kernel, also for the rows of one request in a
-speculative verify step.
+speculative verify step. The float32 cases run both ways of computing a block: on the CUDA cores and with tl.dot
+(the tensor-core variant; the interpreter's tl.dot is not faithful for bf16, which the GPU checks cover).
 
 The check runs in a child process (tests/interpreted.py).
 """
@@ -65,19 +66,20 @@ for bs, hq, hk, d, page, lens, splits, block_n, shared, dtype in [
         pt = pt[:1].expand(bs, width).contiguous()
     seq = torch.tensor(lens, dtype=torch.int32)
     want = reference(q, k, v, pt, lens, page)
-    # the next launch (the next layer, the next step) starts from these counters: zero, as this launch found them
-    counters = torch.zeros(bs * hk + 3, dtype=torch.int32)
-    out = torch.empty_like(q)
-    mid_out, mid_lse = torch.empty(bs, hq, splits, d), torch.empty(bs, hq, splits)
-    paged_decode(q, k, v, pt, seq, out, mid_out, mid_lse, counters, page, block_n=block_n)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    err = (out.float() - want).abs().max().item()
-    assert err < tol, f"{bs} {hq}/{hk} d{d} page {page} lens {lens} {dtype}: max abs error {err}"
-    assert int(counters.abs().sum()) == 0, f"counters left {counters.tolist()}"
     e0_out = torch.empty_like(q)
     e0.paged_decode(q, k, v, pt, seq, e0_out, torch.empty(bs, hq, 8, d), torch.empty(bs, hq, 8), page)
-    assert (e0_out.float() - out.float()).abs().max().item() < 2 * tol
-    cases += 1
+    for mma in (False, True) if dtype == F32 else (False,):
+        # the next launch (the next layer, the next step) starts from these counters: zero, as this one found them
+        counters = torch.zeros(bs * hk + 3, dtype=torch.int32)
+        out = torch.empty_like(q)
+        mid_out, mid_lse = torch.empty(bs, hq, splits, d), torch.empty(bs, hq, splits)
+        paged_decode(q, k, v, pt, seq, out, mid_out, mid_lse, counters, page, block_n=block_n, mma=mma)
+        err = (out.float() - want).abs().max().item()
+        assert err < tol, f"{bs} {hq}/{hk} d{d} page {page} lens {lens} {dtype} mma={mma}: max abs error {err}"
+        assert int(counters.abs().sum()) == 0, f"counters left {counters.tolist()}"
+        assert (e0_out.float() - out.float()).abs().max().item() < 2 * tol
+        cases += 1
 print(f"cases {cases}")
 '''
 
@@ -86,4 +88,4 @@ print(f"cases {cases}")
 def test_one_launch_decode_attention_matches_reference(tmp_path):
     t = next(t for t in load_library() if t.name == "fused-decode-attention")
     candidate = build_candidate(tmp_path / "candidate", [t])
-    assert "cases 7" in run_interpreted(CHECK, candidate, tmp_path)
+    assert "cases 10" in run_interpreted(CHECK, candidate, tmp_path)

@@ -1,6 +1,6 @@
 """GPU checks of the `fused-decode-attention` library entry: its compiled one-launch kernel (split-KV, merge by the
-last split, programmatic dependent launch on sm_90+) against SDPA at Qwen3-0.6B shapes, counters back at zero,
-inside a CUDA graph replayed repeatedly; and an fp32 engine with it keeps E0's greedy tokens (CUDA graphs on).
+last split, programmatic dependent launch on sm_90+), on the CUDA cores and on tensor cores (mma), against SDPA at
+Qwen3-0.6B shapes, counters back at zero, inside a CUDA graph replayed repeatedly; and an fp32 engine with it keeps E0's greedy tokens (CUDA graphs on).
 
 Run on a CUDA machine: python -m pytest tests/gpu/test_fused_decode_attention.py -q
 """
@@ -36,8 +36,9 @@ def _sdpa(q, k, v, page_table, lens, page):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("bs, splits, block_n", [(1, 32, 16), (4, 8, 32), (16, 2, 32)])
-def test_kernel_matches_sdpa_under_graph_replays(kernel, bs, splits, block_n):
+@pytest.mark.parametrize("bs, splits, block_n, mma", [(1, 32, 16, False), (4, 8, 32, False), (16, 2, 32, False),
+                                                      (1, 32, 16, True), (4, 8, 64, True), (16, 2, 32, True)])
+def test_kernel_matches_sdpa_under_graph_replays(kernel, bs, splits, block_n, mma):
     hq, hk, d, page = 16, 8, 128, 16
     g = torch.Generator(device="cuda").manual_seed(bs)
     lens = [356] if bs == 1 else [1, 17, 356, 4000] + [129] * (bs - 4)
@@ -53,7 +54,8 @@ def test_kernel_matches_sdpa_under_graph_replays(kernel, bs, splits, block_n):
     counters = torch.zeros(bs * hk, dtype=torch.int32, device="cuda")
 
     def run():
-        kernel.paged_decode(q, k, v, page_table, seq, out, mid_out, mid_lse, counters, page, block_n=block_n)
+        kernel.paged_decode(q, k, v, page_table, seq, out, mid_out, mid_lse, counters, page, block_n=block_n,
+                            mma=mma)
 
     run()
     torch.cuda.synchronize()
