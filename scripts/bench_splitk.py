@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from seis.benchmarks.graph_timing import graph_times
+
 NONE, ADD_RMSNORM, SILU_MUL = 0, 1, 2
 HIDDEN, INTERMEDIATE, Q_OUT, QKV_OUT, LAYERS = 1024, 3072, 2048, 4096, 28
 
@@ -174,26 +176,9 @@ def check() -> None:
     print(f"split-K kernel: {len(cases)} cases equal to the reference")
 
 
-def _graph_us(fn, per: int, reps: int = 7) -> list[float]:
-    """Microseconds per `per` of one replay of fn captured in a CUDA graph, sorted, over reps timings of 10."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        out.append(start.elapsed_time(end) * 1000 / 10 / per)
-    return sorted(out)
+def _layer_us(fn, calls: int) -> list[float]:
+    """Microseconds per call of fn(i) for i < calls in one CUDA graph, sorted: 7 timings of 10 replays."""
+    return graph_times(fn, calls, repeats=7, replays=10)
 
 
 def _summary(us: list[float]) -> dict:
@@ -222,14 +207,14 @@ def bench(batch_rows: list[int]) -> dict:
             x = torch.randn(m, k_in, device=dev, dtype=dt)
             weights = [layer[name] for layer in layers]
             ref = F.linear(x.float(), weights[0].float())
-            cublas = _graph_us(lambda: [F.linear(x, w) for w in weights], LAYERS)
+            cublas = _layer_us(lambda i: F.linear(x, weights[i]), LAYERS)
             timed = []
             for block_n, block_k, split in itertools.product((32, 64), (128, 256), (1, 2, 4, 8)):
                 if block_k * split > k_in or (split == 8) != (name == "down") and split in (1, 8):
                     continue
                 cfg = {"block_n": block_n, "block_k": block_k, "split": split}
                 err = (splitk_linear(x, weights[0], scratch, **cfg).float() - ref).abs().max().item()
-                us = _graph_us(lambda: [splitk_linear(x, w, scratch, pdl=True, **cfg) for w in weights], LAYERS)
+                us = _layer_us(lambda i: splitk_linear(x, weights[i], scratch, pdl=True, **cfg), LAYERS)
                 timed.append({**cfg, **_summary(us), "max_abs_err": round(err, 5)})
             timed.sort(key=lambda t: t["median"])
             tiles[name] = {k: timed[0][k] for k in ("block_n", "block_k", "split")}
@@ -239,36 +224,38 @@ def bench(batch_rows: list[int]) -> dict:
         x0 = torch.randn(m, HIDDEN, device=dev, dtype=dt)
         attn = torch.randn(m, Q_OUT, device=dev, dtype=dt)
 
-        def e0_layer(linear):
-            def run():
-                h, r = x0, torch.zeros_like(x0)
-                for p in layers:
-                    hn, r = e0.add_rmsnorm(h, r, p["norm1"], 1e-6)
-                    linear(hn, p["qkv"], "qkv")
-                    h = linear(attn, p["o"], "o")
-                    hn, r = e0.add_rmsnorm(h, r, p["norm2"], 1e-6)
-                    h = linear(e0.silu_and_mul(linear(hn, p["gate_up"], "gate_up")), p["down"], "down")
-            return run
+        state = {}  # the hidden state and residual one layer hands the next
 
-        def fused_layer():
-            h, r = x0, torch.zeros_like(x0)
-            for p in layers:
-                new_r = torch.empty_like(r)
-                splitk_linear(h, p["qkv"], scratch, ADD_RMSNORM, r, p["norm1"], new_r, pdl=True, **tiles["qkv"])
-                r = new_r
-                h = splitk_linear(attn, p["o"], scratch, pdl=True, **tiles["o"])
-                new_r = torch.empty_like(r)
-                gu = splitk_linear(h, p["gate_up"], scratch, ADD_RMSNORM, r, p["norm2"], new_r, pdl=True,
-                                   **tiles["gate_up"])
-                r = new_r
-                h = splitk_linear(gu, p["down"], scratch, SILU_MUL, pdl=True, **tiles["down"])
+        def carried(i):
+            return (x0, torch.zeros_like(x0)) if i == 0 else (state["h"], state["r"])
+
+        def e0_layer(linear):
+            def one(i):
+                p, (h, r) = layers[i], carried(i)
+                hn, r = e0.add_rmsnorm(h, r, p["norm1"], 1e-6)
+                linear(hn, p["qkv"], "qkv")
+                h = linear(attn, p["o"], "o")
+                hn, r = e0.add_rmsnorm(h, r, p["norm2"], 1e-6)
+                state["h"] = linear(e0.silu_and_mul(linear(hn, p["gate_up"], "gate_up")), p["down"], "down")
+                state["r"] = r
+            return one
+
+        def fused_layer(i):
+            p, (h, r) = layers[i], carried(i)
+            new_r = torch.empty_like(r)
+            splitk_linear(h, p["qkv"], scratch, ADD_RMSNORM, r, p["norm1"], new_r, pdl=True, **tiles["qkv"])
+            h = splitk_linear(attn, p["o"], scratch, pdl=True, **tiles["o"])
+            state["r"] = torch.empty_like(r)
+            gu = splitk_linear(h, p["gate_up"], scratch, ADD_RMSNORM, new_r, p["norm2"], state["r"], pdl=True,
+                               **tiles["gate_up"])
+            state["h"] = splitk_linear(gu, p["down"], scratch, SILU_MUL, pdl=True, **tiles["down"])
 
         row["layer_us"] = {
-            "E0 (add-RMSNorm, SiLU-and-mul kernels, cuBLAS)": _summary(_graph_us(
+            "E0 (add-RMSNorm, SiLU-and-mul kernels, cuBLAS)": _summary(_layer_us(
                 e0_layer(lambda x, w, name: F.linear(x, w)), LAYERS)),
-            "E0's kernels, split-K for cuBLAS (PDL)": _summary(_graph_us(
+            "E0's kernels, split-K for cuBLAS (PDL)": _summary(_layer_us(
                 e0_layer(lambda x, w, name: splitk_linear(x, w, scratch, pdl=True, **tiles[name])), LAYERS)),
-            "split-K with the norms and SiLU fused in (PDL)": _summary(_graph_us(fused_layer, LAYERS)),
+            "split-K with the norms and SiLU fused in (PDL)": _summary(_layer_us(fused_layer, LAYERS)),
         }
         print(f"m={m} layer: {json.dumps(row['layer_us'])}", flush=True)
         report["rows"].append(row)

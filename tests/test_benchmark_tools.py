@@ -110,7 +110,8 @@ def test_the_split_k_projection_kernel_matches_its_reference_under_the_interpret
     """Every prologue (none, add-RMSNorm with its new residual, SiLU-and-mul), K split unevenly, 1 to 32 rows, the
     counters back at zero after each launch: what the GPU timings of bench_splitk.py rest on."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_splitk.py"), "--check"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
