@@ -68,10 +68,10 @@ def run_variant(engine_dir: Path, lens: list[int], batch_sizes: list[int], sweep
             entry = {"us": round(graph_us(lambda layer: attn.decode(layer, qh, batch, kv), LAYERS, REPEATS), 2),
                      "max_abs_err_vs_sdpa": round(err, 5)}
             if sweep and tile_args:
-                best = best_mma = None
                 # The number of splits itself, not only its cap: the rule's choice at a large batch (2 at 32
                 # requests) sits below every cap, so sweeping max_splits would time one point.
                 mma_choices = (False, True) if "mma" in original.__code__.co_varnames else (False,)
+                timed = []
                 for block_n, warps, splits, mma in itertools.product(
                         (16, 32, 64), (2, 4, 8), [s for s in (2, 4, 8, 16, 32) if s <= attn.max_splits], mma_choices):
                     kw = {"mma": True} if mma else {}  # tensor cores (fused-decode-attention's variant)
@@ -79,18 +79,14 @@ def run_variant(engine_dir: Path, lens: list[int], batch_sizes: list[int], sweep
                     attn.num_splits = lambda _bs, splits=splits: splits
                     err = (attn.decode(0, qh, batch, kv).float() - want).abs().max().item()
                     us = graph_us(lambda layer: attn.decode(layer, qh, batch, kv), LAYERS, REPEATS)
-                    if best is None or us < best["us"]:
-                        best = {"us": round(us, 2), "block_n": block_n, "num_warps": warps, "splits": splits,
-                                "mma": mma, "max_abs_err_vs_sdpa": round(err, 5)}
-                    if mma and (best_mma is None or us < best_mma["us"]):
-                        best_mma = {"us": round(us, 2), "block_n": block_n, "num_warps": warps, "splits": splits,
-                                    "max_abs_err_vs_sdpa": round(err, 5)}
+                    timed.append({"us": round(us, 2), "block_n": block_n, "num_warps": warps, "splits": splits,
+                                  "mma": mma, "max_abs_err_vs_sdpa": round(err, 5)})
                 triton_attention.paged_decode = original
                 del attn.num_splits  # the class's rule again
                 entry["rule_splits"] = attn.num_splits(bs)
-                entry["best"] = best
-                if best_mma:
-                    entry["best_mma"] = best_mma
+                entry["best"] = min(timed, key=lambda t: t["us"])
+                if True in mma_choices:
+                    entry["best_mma"] = min((t for t in timed if t["mma"]), key=lambda t: t["us"])
             results[f"bs={bs} len={length}"] = entry
     return results
 

@@ -31,6 +31,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from seis.benchmarks.graph_timing import graph_times
+from seis.stats import fmt_range, summarize
 
 NONE, ADD_RMSNORM, SILU_MUL = 0, 1, 2
 HIDDEN, INTERMEDIATE, Q_OUT, QKV_OUT, LAYERS = 1024, 3072, 2048, 4096, 28
@@ -181,10 +182,6 @@ def _layer_us(fn, calls: int) -> list[float]:
     return graph_times(fn, calls, repeats=7, replays=10)
 
 
-def _summary(us: list[float]) -> dict:
-    return {"median": round(us[len(us) // 2], 2), "min": round(us[0], 2), "max": round(us[-1], 2)}
-
-
 def bench(batch_rows: list[int]) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine_template"))
     from engine.kernels import triton_ops as e0  # E0's add-RMSNorm and SiLU-and-mul kernels
@@ -215,12 +212,12 @@ def bench(batch_rows: list[int]) -> dict:
                 cfg = {"block_n": block_n, "block_k": block_k, "split": split}
                 err = (splitk_linear(x, weights[0], scratch, **cfg).float() - ref).abs().max().item()
                 us = _layer_us(lambda i: splitk_linear(x, weights[i], scratch, pdl=True, **cfg), LAYERS)
-                timed.append({**cfg, **_summary(us), "max_abs_err": round(err, 5)})
+                timed.append({**cfg, **summarize(us), "max_abs_err": round(err, 5)})
             timed.sort(key=lambda t: t["median"])
             tiles[name] = {k: timed[0][k] for k in ("block_n", "block_k", "split")}
-            row["projections"][name] = {"cublas": _summary(cublas), "best": timed[0], "all": timed}
-            print(f"m={m} {name}: cuBLAS {row['projections'][name]['cublas']['median']} us, split-K "
-                  f"{timed[0]['median']} us {tiles[name]}", flush=True)
+            row["projections"][name] = {"cublas": summarize(cublas), "best": timed[0], "all": timed}
+            print(f"m={m} {name}: cuBLAS {fmt_range(row['projections'][name]['cublas'], 2)} us, split-K "
+                  f"{fmt_range(timed[0], 2)} us {tiles[name]}", flush=True)
         x0 = torch.randn(m, HIDDEN, device=dev, dtype=dt)
         attn = torch.randn(m, Q_OUT, device=dev, dtype=dt)
 
@@ -251,11 +248,11 @@ def bench(batch_rows: list[int]) -> dict:
             state["h"] = splitk_linear(gu, p["down"], scratch, SILU_MUL, pdl=True, **tiles["down"])
 
         row["layer_us"] = {
-            "E0 (add-RMSNorm, SiLU-and-mul kernels, cuBLAS)": _summary(_layer_us(
+            "E0 (add-RMSNorm, SiLU-and-mul kernels, cuBLAS)": summarize(_layer_us(
                 e0_layer(lambda x, w, name: F.linear(x, w)), LAYERS)),
-            "E0's kernels, split-K for cuBLAS (PDL)": _summary(_layer_us(
+            "E0's kernels, split-K for cuBLAS (PDL)": summarize(_layer_us(
                 e0_layer(lambda x, w, name: splitk_linear(x, w, scratch, pdl=True, **tiles[name])), LAYERS)),
-            "split-K with the norms and SiLU fused in (PDL)": _summary(_layer_us(fused_layer, LAYERS)),
+            "split-K with the norms and SiLU fused in (PDL)": summarize(_layer_us(fused_layer, LAYERS)),
         }
         print(f"m={m} layer: {json.dumps(row['layer_us'])}", flush=True)
         report["rows"].append(row)

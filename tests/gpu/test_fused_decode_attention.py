@@ -1,6 +1,7 @@
 """GPU checks of the `fused-decode-attention` library entry: its compiled one-launch kernel (split-KV, merge by the
 last split, programmatic dependent launch on sm_90+), on the CUDA cores and on tensor cores (mma), against SDPA at
-Qwen3-0.6B shapes, counters back at zero, inside a CUDA graph replayed repeatedly; and an fp32 engine with it keeps E0's greedy tokens (CUDA graphs on).
+Qwen3-0.6B shapes, counters back at zero, inside a CUDA graph replayed repeatedly; and an fp32 engine with it keeps
+E0's greedy tokens (CUDA graphs on).
 
 Run on a CUDA machine: python -m pytest tests/gpu/test_fused_decode_attention.py -q
 """
