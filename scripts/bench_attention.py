@@ -8,12 +8,11 @@ through its own TritonAttention.decode: one CUDA graph holds 28 layers' decode a
 forward step reads them) replayed 5 times; the time is the median per layer call, in microseconds. Every variant's
 output is compared with E0's torch (SDPA) path first. --sweep also times block_n x num_warps x splits (x mma,
 tensor cores or not, where the kernel offers both) for the transformations whose paged_decode takes them, and
-reports the best tile and the best on tensor cores. Prints one JSON object. Needs CUDA.
+reports every tile's time, the best tile and the best on tensor cores. Prints one JSON object. Needs CUDA.
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import json
 import subprocess
@@ -26,6 +25,11 @@ from seis.benchmarks.graph_timing import graph_us
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("E0", "splitkv-by-batch-size", "fused-decode-attention")
 HEADS, KV_HEADS, HEAD_DIM, PAGE, LAYERS, REPEATS = 16, 8, 128, 16, 28, 5
+
+
+def _with_tile(kernel, tile: dict):
+    """kernel, launched with `tile` in place of the tile its caller passes (the engine passes its own)."""
+    return lambda *args, **kwargs: kernel(*args, **{**kwargs, **tile})
 
 
 def run_variant(engine_dir: Path, lens: list[int], batch_sizes: list[int], sweep: bool) -> dict:
@@ -70,12 +74,13 @@ def run_variant(engine_dir: Path, lens: list[int], batch_sizes: list[int], sweep
             if sweep and tile_args:
                 # The number of splits itself, not only its cap: the rule's choice at a large batch (2 at 32
                 # requests) sits below every cap, so sweeping max_splits would time one point.
-                mma_choices = (False, True) if "mma" in original.__code__.co_varnames else (False,)
+                has_mma = "mma" in original.__code__.co_varnames  # tensor cores (fused-decode-attention's variant)
                 timed = []
                 for block_n, warps, splits, mma in itertools.product(
-                        (16, 32, 64), (2, 4, 8), [s for s in (2, 4, 8, 16, 32) if s <= attn.max_splits], mma_choices):
-                    kw = {"mma": True} if mma else {}  # tensor cores (fused-decode-attention's variant)
-                    triton_attention.paged_decode = functools.partial(original, block_n=block_n, num_warps=warps, **kw)
+                        (16, 32, 64), (2, 4, 8), [s for s in (2, 4, 8, 16, 32) if s <= attn.max_splits],
+                        (False, True) if has_mma else (False,)):
+                    tile = {"block_n": block_n, "num_warps": warps, **({"mma": mma} if has_mma else {})}
+                    triton_attention.paged_decode = _with_tile(original, tile)
                     attn.num_splits = lambda _bs, splits=splits: splits
                     err = (attn.decode(0, qh, batch, kv).float() - want).abs().max().item()
                     us = graph_us(lambda layer: attn.decode(layer, qh, batch, kv), LAYERS, REPEATS)
@@ -85,7 +90,8 @@ def run_variant(engine_dir: Path, lens: list[int], batch_sizes: list[int], sweep
                 del attn.num_splits  # the class's rule again
                 entry["rule_splits"] = attn.num_splits(bs)
                 entry["best"] = min(timed, key=lambda t: t["us"])
-                if True in mma_choices:
+                entry["timed"] = timed
+                if has_mma:
                     entry["best_mma"] = min((t for t in timed if t["mma"]), key=lambda t: t["us"])
             results[f"bs={bs} len={length}"] = entry
     return results

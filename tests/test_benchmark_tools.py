@@ -116,3 +116,17 @@ def test_the_split_k_projection_kernel_matches_its_reference_under_the_interpret
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "6 cases equal to the reference" in done.stdout
+
+
+def test_the_attention_sweep_launches_its_own_tile_over_the_engines():
+    """The engine passes a tile of its own (block_n, num_warps, mma); a sweep point must replace it, not be
+    replaced by it, as functools.partial's stored keywords would be."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_attention_script", REPO / "scripts" / "bench_attention.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    seen = []
+    launch = script._with_tile(lambda *args, **kwargs: seen.append((args, kwargs)),
+                               {"block_n": 64, "num_warps": 8, "mma": False})
+    launch("q", "k", block_n=16, num_warps=4, mma=True, page_size=16)
+    assert seen == [(("q", "k"), {"block_n": 64, "num_warps": 8, "mma": False, "page_size": 16})]

@@ -1,11 +1,17 @@
 """GPU checks of the `fused-decode-attention` library entry: its compiled one-launch kernel (split-KV, merge by the
 last split, programmatic dependent launch on sm_90+), on the CUDA cores and on tensor cores (mma), against SDPA at
-Qwen3-0.6B shapes, counters back at zero, inside a CUDA graph replayed repeatedly; and an fp32 engine with it keeps
-E0's greedy tokens (CUDA graphs on).
+Qwen3-0.6B shapes, counters back at zero, inside a CUDA graph replayed repeatedly; the engine's own launch of it
+for bf16 caches (tensor cores on sm_80+) against E0's SDPA path; and an fp32 engine with it keeps E0's greedy tokens
+(CUDA graphs on).
 
 Run on a CUDA machine: python -m pytest tests/gpu/test_fused_decode_attention.py -q
 """
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,6 +77,62 @@ def test_kernel_matches_sdpa_under_graph_replays(kernel, bs, splits, block_n, mm
         torch.cuda.synchronize()
         assert (out.float() - want).abs().max().item() < 2e-2
         assert int(counters.abs().sum()) == 0
+
+
+# In a child process: a process hosts one engine directory, and other test files import E0's.
+ENGINE_CHECK = r"""
+import sys
+
+import torch
+
+from seis.engine_import import import_engine
+
+import_engine(sys.argv[1])
+from engine.attention import TorchAttention, TritonAttention
+from engine.batch import ForwardBatch
+from engine.kv_cache import KVCache
+
+hq, hk, d, page, layers, dev = 16, 8, 128, 16, 2, torch.device("cuda")
+g = torch.Generator(device=dev).manual_seed(0)
+kv = KVCache(layers, 8 * 64 + 1, page, hk, d, torch.bfloat16, dev)
+for t in kv.k + kv.v:
+    t.normal_(generator=g)
+attn, ref = TritonAttention(hq, hk, d, 8, dev), TorchAttention(hq, hk, d)
+for lens in ([356], [1, 40, 700], [129] * 5 + [16, 17, 1000]):
+    bs = len(lens)
+    page_table = (torch.randperm(8 * 64, generator=g, device=dev).to(torch.int32) + 1).view(8, 64)[:bs]
+    seq = torch.tensor(lens, dtype=torch.int32, device=dev)
+    batch = ForwardBatch(is_decode=True, input_ids=torch.zeros(bs, dtype=torch.int64, device=dev),
+                         positions=seq.long() - 1, out_slots=torch.zeros(bs, dtype=torch.int64, device=dev),
+                         seq_lens=seq, page_table=page_table, logit_rows=torch.arange(bs, device=dev), cuda_graph=True)
+    q = torch.randn(bs, hq, d, generator=g, device=dev).to(torch.bfloat16)
+    outs = [None] * layers
+    attn.decode(0, q, batch, kv)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for layer in range(layers):
+            outs[layer] = attn.decode(layer, q, batch, kv)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        for layer in range(layers):
+            err = (outs[layer].float() - ref.decode(layer, q, batch, kv).float()).abs().max().item()
+            assert err < 2e-2, f"lens {lens} layer {layer}: max abs error {err}"
+    assert int(attn.counters.abs().sum()) == 0
+print("tensor cores" if attn.tensor_cores else "cuda cores")
+"""
+
+
+def test_the_engines_bf16_launch_matches_sdpa(candidate):
+    """TritonAttention.decode as the engine calls it (its splits, tile and path) at 1, 3 and 8 requests."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", ENGINE_CHECK, str(candidate)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tensor_cores = torch.cuda.get_device_capability()[0] >= 8
+    assert done.stdout.strip() == ("tensor cores" if tensor_cores else "cuda cores")
 
 
 def test_fp32_engine_keeps_e0_tokens_with_graphs(candidate):
