@@ -17,6 +17,7 @@ import errno
 import hashlib
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +34,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in place of a file must not block the host
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 1 << 20
+# Deeper than any engine needs, far below Python's recursion limit: a tree nested thousands of levels deep is refused
+# (TreeError), never walked into a RecursionError that no caller expects.
+MAX_DEPTH = 64
 
 
 class TreeError(ValueError):
@@ -96,6 +100,8 @@ def _open_entry(dir_fd: int, name: str, rel: str, kind: str) -> tuple[int, os.st
 def _walk(dir_fd: int, prefix: str = "") -> Iterator[tuple[str, int, os.stat_result]]:
     """(relative path, open fd, stat) of every engine-tree file under dir_fd, in sorted path order. Each fd is
     open until the next item; only the directories on the current path are held open."""
+    if prefix.count("/") >= MAX_DEPTH:
+        raise TreeError(f"{prefix.rstrip('/')} is more than {MAX_DEPTH} directories deep")
     entries = []
     for name in os.listdir(dir_fd):
         if _ignored(name) or (not prefix and name in SESSION_DIRS):
@@ -203,3 +209,78 @@ def copy_tree(src: str | Path, dest: str | Path, max_file_bytes: float = float("
             os.chmod(target, safe_mode(st.st_mode, is_dir=False))
             copied.append(rel)
     return copied
+
+
+def remove_tree(path: str | Path) -> None:
+    """Delete path and everything under it, as hostile input: without following a link, without recursion and
+    with at most two descriptors open, however deep the tree. Each directory's entries are moved up into path's
+    own directory before it is removed, so the tree flattens as it goes. Missing path: nothing to do.
+
+    A directory the host may not write (mode 0500 in a non-root run) is made writable through its descriptor,
+    never by name, so a link planted in its place cannot pass the mode change on to a host file."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        path.unlink()
+        return
+    root = os.open(path, _DIR_FLAGS)
+    moved = 0
+    try:
+        _writable(root)
+        while names := os.listdir(root):
+            for name in names:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=root, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=root)
+                    continue
+                try:
+                    os.rmdir(name, dir_fd=root)
+                    continue
+                except OSError as e:
+                    if e.errno != errno.ENOTEMPTY:
+                        raise
+                child = os.open(name, _DIR_FLAGS, dir_fd=root)
+                try:
+                    _writable(child)
+                    for inner in os.listdir(child):
+                        while True:  # a fresh name at the top; the tree may hold any name already
+                            moved += 1
+                            if not _exists(root, f".seis-rm-{moved}"):
+                                break
+                        os.rename(inner, f".seis-rm-{moved}", src_dir_fd=child, dst_dir_fd=root)
+                finally:
+                    os.close(child)
+                os.rmdir(name, dir_fd=root)
+    finally:
+        os.close(root)
+    os.rmdir(path)
+
+
+@contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A temporary directory that sandboxed code may write into, removed with remove_tree: whatever it left there
+    (links, 0500 directories, a chain thousands deep) neither stops the removal nor turns it against host files."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        remove_tree(path)
+
+
+def _writable(dir_fd: int) -> None:
+    if os.geteuid() == 0 or os.fstat(dir_fd).st_mode & 0o700 == 0o700:
+        return  # root removes whatever the modes say
+    try:
+        os.fchmod(dir_fd, 0o700)
+    except OSError:
+        pass  # not ours to change: the removal says what failed
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
