@@ -27,6 +27,13 @@ def _chain(root: Path, depth: int) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def _no_deep_leftovers(tmp_path: Path):
+    """pytest's own cleanup of old tmp_path directories recurses: leave it nothing deep."""
+    yield
+    remove_tree(tmp_path)
+
+
 @pytest.fixture
 def host_file(tmp_path: Path) -> Path:
     target = tmp_path / "host" / "keys.env"

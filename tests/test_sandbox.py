@@ -522,7 +522,8 @@ def test_sandbox_kill_is_prompt_even_when_frozen() -> None:
 
 
 def test_engine_replies_must_answer_the_current_request(tmp_path: Path) -> None:
-    """A reply written ahead (or twice) answers no request: the next call is an engine error, not a result."""
+    """A reply written ahead (or twice) answers no request: the next call is an engine error, not a result, and the
+    engine, which broke the protocol, is killed."""
     from seis.engine_host import EngineError, EngineProcess
     from seis.models import resolve_model
     from tests.evaluator_helpers import copy_engine
@@ -539,5 +540,7 @@ def test_engine_replies_must_answer_the_current_request(tmp_path: Path) -> None:
     """))
     with EngineProcess(tree, resolve_model("tiny-qwen3"), {"device": "cpu", "max_seq_len": 64}, timeout_s=60) as eng:
         eng.build()
-        with pytest.raises(EngineError, match="does not answer the current"):
+        # found waiting before the request is sent, or read as its reply: either way no result
+        with pytest.raises(EngineError, match="does not answer the current|reply stream before 'stats'"):
             eng.stats()
+        assert eng.pids() == []

@@ -12,13 +12,13 @@ import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..engine_import import check_engine_dir
 from ..sandbox import SandboxedProcess
 from .policy import ENGINE_MOUNT, MODEL_MOUNT, WORKER, engine_policy, forbidden_paths
 
-MAX_REPLY_BYTES = 256 * 2**20   # one reply line; a longer one is an engine error, not host memory
+MAX_REPLY_BYTES = 64 * 2**20   # one reply line; a longer one is an engine error, not host memory
 OVERSIZED = object()
 
 
@@ -77,7 +77,9 @@ class EngineProcess:
         self.box: SandboxedProcess | None = None
         self.proc: subprocess.Popen | None = None
         self.stderr_path: Path | None = None
-        self._lines: queue.Queue[str | None] = queue.Queue()
+        # One reply per request, so one line waits here at most: an engine writing lines nobody asked for fills
+        # its own pipe and stalls, never host memory (and its next reply is refused as a forgery).
+        self._lines: queue.Queue[str | None] = queue.Queue(maxsize=1)
 
     def __enter__(self) -> "EngineProcess":
         self.start()
@@ -113,6 +115,8 @@ class EngineProcess:
         if self.proc is None or self.proc.poll() is not None:
             code = None if self.proc is None else self.proc.returncode
             raise EngineExited(f"engine process is not running{_status(code)}{self._stderr_tail()}", code)
+        if not self._lines.empty():
+            self._protocol_broken(f"the engine wrote to its reply stream before '{op}' was asked")
         rid = secrets.token_hex(16)  # unpredictable: no reply can be written before its request exists
         try:
             self.proc.stdin.write((json.dumps({"op": op, "id": rid, **payload}) + "\n").encode("utf-8"))
@@ -128,14 +132,13 @@ class EngineProcess:
             code = self._exit_status()
             raise EngineExited(f"engine process exited during '{op}'{_status(code)}{self._stderr_tail()}", code)
         if line is OVERSIZED:
-            self.kill()
-            raise EngineError(f"reply to '{op}' is longer than {MAX_REPLY_BYTES // 2**20} MiB")
+            self._protocol_broken(f"reply to '{op}' is longer than {MAX_REPLY_BYTES // 2**20} MiB")
         try:
             reply = json.loads(line)
-        except json.JSONDecodeError:
-            raise EngineError(f"unreadable reply to '{op}': {line[:200]!r}") from None
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
+            self._protocol_broken(f"unreadable reply to '{op}': {line[:200]!r}")
         if not isinstance(reply, dict) or reply.get("id") != rid:
-            raise EngineError(f"reply does not answer the current '{op}' request (stale, repeated or forged)")
+            self._protocol_broken(f"reply does not answer the current '{op}' request (stale, repeated or forged)")
         if not reply.get("ok"):
             raise EngineError(str(reply.get("error", "unknown engine error")))
         return reply.get("result")
@@ -163,6 +166,11 @@ class EngineProcess:
         self.kill()
         if self.stderr_path:
             self.stderr_path.unlink(missing_ok=True)
+
+    def _protocol_broken(self, message: str) -> NoReturn:
+        """An engine that breaks the one-reply-per-request protocol is not asked anything again: it is killed."""
+        self.kill()
+        raise EngineError(message)
 
     def kill(self) -> None:
         """End every process of the engine's sandbox; returns once none is left."""

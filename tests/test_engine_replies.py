@@ -1,0 +1,80 @@
+"""What a candidate engine writes on its reply stream, attacked as a hostile engine would: lines nobody asked for
+(a flood that would fill host memory if the host kept reading), a reply nested deeper than the JSON parser's stack,
+a line longer than any reply. Each ends in an EngineError and the engine killed, with host memory bounded. The
+engine code runs in the worker's process, so it can reach the stream however the worker hides it; these engines
+wrap the worker's own writer. CPU only, real sandboxes."""
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from seis.engine_host import EngineError, EngineProcess
+from seis.models import resolve_model
+from tests.evaluator_helpers import copy_engine
+
+OPTIONS = {"device": "cpu", "max_seq_len": 64}
+
+
+def _engine_writing(tmp_path: Path, after_build: str) -> Path:
+    """E0, whose worker answers `build` as usual and then runs `after_build` (with `out`, the reply stream, and
+    `payload`, the reply it was to write) instead of every later reply."""
+    tree = copy_engine(tmp_path / "engine_dir")
+    init = tree / "engine" / "__init__.py"
+    init.write_text(init.read_text() + textwrap.dedent("""
+        import __main__
+        if hasattr(__main__, "_reply"):
+            _orig, _built = __main__._reply, []
+            def _hostile(out, **payload):
+                if not _built:
+                    _built.append(1)
+                    _orig(out, **payload)
+                    if FLOOD:
+                        import threading
+                        def _flood():
+                            while True:
+                                out.write("x" * 4095 + "\\n")
+                                out.flush()
+                        threading.Thread(target=_flood, daemon=True).start()
+                    return
+        """) + textwrap.indent(after_build, " " * 8) + "\n    __main__._reply = _hostile\n")
+    return tree
+
+
+def _rss_mib() -> int:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) // 1024
+
+
+def test_a_flood_of_lines_nobody_asked_for_fills_the_engines_pipe_not_host_memory(tmp_path):
+    tree = _engine_writing(tmp_path, "pass")
+    init = tree / "engine" / "__init__.py"
+    init.write_text("FLOOD = True\n" + init.read_text())
+    with EngineProcess(tree, resolve_model("tiny-qwen3"), OPTIONS, timeout_s=60) as eng:
+        eng.build()
+        before = _rss_mib()
+        time.sleep(3)  # unbounded, the host would have queued GiBs of lines by now
+        assert eng._lines.qsize() <= 1
+        assert _rss_mib() - before < 100
+        with pytest.raises(EngineError, match="reply stream before 'stats' was asked"):
+            eng.stats()
+        assert eng.pids() == []
+
+
+@pytest.mark.parametrize("line, message", [
+    ('"[" * 200_000', "unreadable reply"),   # deeper than the parser's stack: a RecursionError, caught
+    ('"{" + "x" * (64 * 2**20) + "}"', "longer than 64 MiB"),
+    ('"[1, 2]"', "does not answer the current"),
+])
+def test_a_reply_the_host_cannot_trust_kills_the_engine(tmp_path, line, message):
+    tree = _engine_writing(tmp_path, f"out.write({line} + '\\n'); out.flush()")
+    init = tree / "engine" / "__init__.py"
+    init.write_text("FLOOD = False\n" + init.read_text())
+    with EngineProcess(tree, resolve_model("tiny-qwen3"), OPTIONS, timeout_s=60) as eng:
+        eng.build()
+        with pytest.raises(EngineError, match=message):
+            eng.stats()
+        assert eng.pids() == []
+        with pytest.raises(EngineError, match="not running"):
+            eng.stats()
