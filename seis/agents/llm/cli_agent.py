@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from ...workspace import Workspace
+from ...workspace.tree import remove_tree
 from ..types import AgentResult, SessionContext
 from .agent import TRANSCRIPT, finish_workspace, session_dir_of, tree_changed
 from .confine import SEIS_FILES, WORKSPACE, AgentSandbox, Confined, run_confined
@@ -164,14 +165,8 @@ class CliAgent:
 
 
 def _remove(path: Path) -> None:
-    try:
-        if path.is_dir() and not path.is_symlink():
-            import shutil
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    except FileNotFoundError:
-        pass
+    """Remove what the agent left at path (a file, a link, a directory of any depth), never following a link."""
+    remove_tree(path)
 
 
 def _read_report(path: Path) -> str:

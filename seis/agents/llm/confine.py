@@ -21,7 +21,6 @@ background jobs, `nohup`, `setsid` and double forks included), and output beyond
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import threading
 import time
@@ -33,7 +32,7 @@ from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPol
                          sandbox_gpus)
 from ...sandbox.cgroup import host_memory_bytes
 from ...workspace import PEERS_DIR, REPORTS_DIR
-from ...workspace.tree import is_control_file, safe_mode
+from ...workspace.tree import MAX_DEPTH, is_control_file, remove_tree, safe_mode
 
 WORKSPACE, MODEL, SEIS_FILES = "/workspace", "/model", "/seis"
 SCRATCH_HOME = "/tmp/home"
@@ -202,7 +201,9 @@ def run_confined(argv: list[str], policy: SandboxPolicy, timeout_s: float, *, st
 class _DiskWatch:
     """Kills the sandbox when what it wrote into its writable binds (the workspace, on the host's disk) grows past
     Limits.max_written_bytes or Limits.max_written_entries: per-file limits alone would let an agent fill the
-    host's disk with many files. Looks every WATCH_PERIOD_S seconds; a look stops counting once over a limit."""
+    host's disk with many files. A file counts for the larger of its blocks on disk and its apparent size, so
+    sparse files (no disk used, but every host reader reads their full length) count too. Looks every
+    WATCH_PERIOD_S seconds; a look stops counting once over a limit."""
 
     def __init__(self, box: SandboxedProcess, policy: SandboxPolicy):
         self.box, self.limits = box, policy.limits
@@ -233,11 +234,12 @@ class _DiskWatch:
                     for entry in it:
                         entries += 1
                         st = entry.stat(follow_symlinks=False)
-                        size += st.st_blocks * 512
+                        size += max(st.st_blocks * 512, st.st_size)  # sparse files: their apparent size
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(entry.path)
                         if size > self.limits.max_written_bytes:
-                            return f"its workspace grew past {self.limits.max_written_bytes / 2**30:.1f} GiB on disk"
+                            return (f"its workspace grew past {self.limits.max_written_bytes / 2**30:.1f} GiB on disk "
+                                    "(apparent size of sparse files included)")
                         if entries > self.limits.max_written_entries:
                             return f"its workspace holds more than {self.limits.max_written_entries:,} entries"
             except OSError:
@@ -253,31 +255,72 @@ class _DiskWatch:
 # --- after a session: the workspace as the host may use it ------------------------------------------------------
 
 MAX_FILE_BYTES = 64 * 2**20       # one engine-tree file
-MAX_TREE_BYTES = 512 * 2**20      # the whole workspace
+MAX_TREE_BYTES = 512 * 2**20      # the whole workspace (apparent size: a sparse file counts at its full length)
+MAX_TREE_ENTRIES = AGENT_LIMITS.max_written_entries  # files, directories and the rest, in the whole workspace
 
 
 def sanitize_workspace(root: Path) -> list[str]:
     """Make the workspace safe for the host to hash, diff, copy and gate (no agent process is alive when this
     runs). Removed: every symlink, FIFO, socket or device node, hard-linked files, files larger than
-    MAX_FILE_BYTES, names that are not UTF-8 or hold control characters, and version-control or DVC files
-    (they would steer the store's repository). Every entry left gets, through a descriptor opened without
-    following links, this process's owner (as root) and a fixed safe mode (`safe_mode`: never setuid, setgid,
-    sticky or writable by others; never a mode read before the chown). Returns one line per problem found
-    (empty: the tree was clean); a non-empty answer rejects the session."""
-    root = Path(root)
+    MAX_FILE_BYTES, directories more than MAX_DEPTH levels deep (no walk of an engine tree goes there), names
+    that are not UTF-8 or hold control characters, and version-control or DVC files (they would steer the
+    store's repository). Every entry left gets, through a descriptor opened without following links, this
+    process's owner (as root) and a fixed safe mode (`safe_mode`: never setuid, setgid, sticky or writable by
+    others; never a mode read before the chown).
+
+    A workspace whose files hold more than MAX_TREE_BYTES (apparent size: sparse files use no disk but every
+    reader reads their full length) or that holds more than MAX_TREE_ENTRIES entries is refused as a whole: the
+    walk stops there and everything in the workspace is removed unread, before any later step (the secret scan,
+    the hash, the diff) reads a byte of it. Only metadata is read here, and the walk holds the descriptors of
+    the directories on the current path only (MAX_DEPTH at most), with no recursion.
+
+    Returns one line per problem found (empty: the tree was clean); a non-empty answer rejects the session."""
+    root_fd = _open_nofollow(None, str(Path(root)), directory=True)
+    if root_fd is None:
+        return ["workspace unreadable: not a directory, or a link"]
     problems: list[str] = []
-    total = 0
+    try:
+        _own_and_restrict(root_fd, is_dir=True)
+        refused = _sanitize_walk(root_fd, problems)
+        if refused:
+            problems.append(f"the workspace is refused: {refused}; everything in it was removed unread")
+            for name in os.listdir(root_fd):
+                try:
+                    remove_tree(_under(root_fd, name))
+                except OSError as e:
+                    problems.append(f"{_printable(name)}: could not be removed ({e.strerror or e})")
+    finally:
+        os.close(root_fd)
+    return problems
+
+
+def _sanitize_walk(root_fd: int, problems: list[str]) -> str | None:
+    """sanitize_workspace's walk, depth first in sorted order; returns why the workspace is refused, or None."""
+    total = entries = 0
 
     def remove(dir_fd: int, name: str, rel: str, why: str, is_dir: bool = False) -> None:
         problems.append(f"{_printable(rel)}{'/' if is_dir else ''}: {why} (removed)")
         try:
-            shutil.rmtree(name, dir_fd=dir_fd) if is_dir else os.unlink(name, dir_fd=dir_fd)
+            remove_tree(_under(dir_fd, name)) if is_dir else os.unlink(name, dir_fd=dir_fd)
         except OSError:
             pass
 
-    def walk(dir_fd: int, prefix: str) -> None:
-        nonlocal total
-        for name in sorted(os.listdir(dir_fd)):
+    stack = [(root_fd, "", _listing(root_fd) or [])]  # (fd, prefix, names left): the directories on the path
+    try:
+        while stack:
+            if total > MAX_TREE_BYTES:
+                return (f"its files hold more than {MAX_TREE_BYTES // 2**20} MiB (apparent size, sparse files at "
+                        "their full length)")
+            if entries > MAX_TREE_ENTRIES:
+                return f"it holds more than {MAX_TREE_ENTRIES:,} entries"
+            dir_fd, prefix, names = stack[-1]
+            if not names:
+                stack.pop()
+                if dir_fd != root_fd:
+                    os.close(dir_fd)
+                continue
+            name = names.pop()
+            entries += 1
             rel = prefix + name
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -292,15 +335,20 @@ def sanitize_workspace(root: Path) -> list[str]:
                 if why:
                     remove(dir_fd, name, rel, why, is_dir=True)
                     continue
+                if len(stack) >= MAX_DEPTH:  # this directory is MAX_DEPTH levels down: a tree walk refuses it
+                    remove(dir_fd, name, rel, f"more than {MAX_DEPTH} directories deep", is_dir=True)
+                    continue
                 fd = _open_nofollow(dir_fd, name, directory=True)
                 if fd is None:
                     problems.append(f"{_printable(rel)}/: unreadable directory")
                     continue
-                try:
-                    _own_and_restrict(fd, is_dir=True)
-                    walk(fd, rel + "/")
-                finally:
+                _own_and_restrict(fd, is_dir=True)
+                listing = _listing(fd)
+                if listing is None:
                     os.close(fd)
+                    problems.append(f"{_printable(rel)}/: unreadable directory")
+                    continue
+                stack.append((fd, rel + "/", listing))
             elif not stat.S_ISREG(st.st_mode):
                 remove(dir_fd, name, rel, "not a regular file (FIFO, socket or device)")
             elif why:
@@ -320,18 +368,25 @@ def sanitize_workspace(root: Path) -> list[str]:
                 finally:
                     os.close(fd)
                 total += st.st_size
-
-    root_fd = _open_nofollow(None, str(root), directory=True)
-    if root_fd is None:
-        return ["workspace unreadable: not a directory, or a link"]
-    try:
-        _own_and_restrict(root_fd, is_dir=True)
-        walk(root_fd, "")
+        return None
     finally:
-        os.close(root_fd)
-    if total > MAX_TREE_BYTES:
-        problems.append(f"the workspace holds {total / 2**20:.0f} MiB, more than {MAX_TREE_BYTES // 2**20} MiB")
-    return problems
+        for fd, _, _ in stack:
+            if fd != root_fd:
+                os.close(fd)
+
+
+def _listing(dir_fd: int) -> list[str] | None:
+    """The names in a directory, in reverse sorted order (popped from the end: sorted order), or None."""
+    try:
+        return sorted(os.listdir(dir_fd), reverse=True)
+    except OSError:
+        return None
+
+
+def _under(dir_fd: int, name: str) -> str:
+    """A path of `name` in the directory open as dir_fd, however long the path to that directory (a path that
+    only this process resolves, through its descriptor: nothing on the way can be swapped for a link)."""
+    return f"/proc/self/fd/{dir_fd}/{name}"
 
 
 def _open_nofollow(dir_fd: int | None, name: str, directory: bool) -> int | None:

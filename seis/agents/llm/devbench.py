@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from ...sandbox import SandboxError, frozen
 from ...sandbox.scope import ProcessScope, ScopeClosed, die_with_parent
-from ...workspace.tree import TreeError, copy_tree
+from ...workspace.tree import TreeError, copy_tree, remove_tree, scratch_dir
 from .confine import MAX_FILE_BYTES, MAX_TREE_BYTES
 from .secrets import SECRET_NAME, secret_values
 from .sockets import accept_until
@@ -179,8 +178,8 @@ class BenchService:
                     pass
 
     def _run(self) -> str:
-        scratch = Path(tempfile.mkdtemp(prefix="seis-bench-tree-"))
-        try:
+        # the copy is agent-written code the benchmark builds and runs: removed with remove_tree, whatever it holds
+        with scratch_dir("seis-bench-tree-") as scratch:
             os.chmod(scratch, 0o700)
             tree = scratch / "tree"
             try:
@@ -190,8 +189,6 @@ class BenchService:
                 why = str(e).replace(str(self.workspace), "/workspace")
                 return f"dev benchmark refused: the workspace cannot be copied as an engine tree: {why}"
             return str(self.bench(tree))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
 
     def close(self) -> None:
         """Stop serving and kill any benchmark still running (its engines die with it)."""
@@ -202,7 +199,10 @@ class BenchService:
             pass
         self.scope.close()
         self._thread.join(timeout=10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            remove_tree(self.dir)
+        except OSError:
+            pass
 
 
 def _gate_config(args: argparse.Namespace):

@@ -18,8 +18,11 @@ import bisect
 import codecs
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from ...workspace.tree import MAX_DEPTH
 
 SECRET_NAME = re.compile(r"(API_KEY|AUTH_TOKEN|ACCESS_TOKEN|SECRET|PASSWORD|CREDENTIAL|_TOKEN$|_KEY$)",
                          re.IGNORECASE)
@@ -34,6 +37,7 @@ REDACTED = "[REDACTED]"
 _ALNUM = re.compile(r"[a-z0-9]+")
 _NOT_ALNUM_B = re.compile(rb"[^a-z0-9]+")
 MAX_SCAN_BYTES = 256 * 2**20   # find_secrets reads at most this much of one file (larger files are reported)
+MAX_SCAN_TOTAL_BYTES = 1 * 2**30  # and this much in all (files past it are reported, not read)
 
 
 def secret_values(environ: Mapping[str, str] | None = None, extra: Iterable[str] = ()) -> list[str]:
@@ -154,38 +158,69 @@ def find_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list
     process's environment (secret_values()). Key-shaped strings (sk-ant-..., sk-..., ghp_...) count as well.
 
     Symlinks are not followed (each is reported, since a link can reveal nothing by itself but may point at a
-    file holding one), files that cannot be read or are larger than MAX_SCAN_BYTES are reported as such: a tree
-    that cannot be checked is not clean. An empty list: nothing found."""
+    file holding one), files that cannot be read or are larger than MAX_SCAN_BYTES are reported as such, and so
+    are directories more than MAX_DEPTH levels deep and whatever is left once MAX_SCAN_TOTAL_BYTES have been
+    read: a tree that cannot be checked is not clean. The walk has no recursion and reads each file once. An
+    empty list: nothing found."""
     root = Path(tree)
     matcher = SecretSet(secret_values() if secrets is None else secrets)
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: found.append(
-            f"{e.filename}: unreadable directory ({e.strerror})")):
-        dirnames.sort()
-        base = Path(dirpath)
-        for name in sorted(filenames) + [d for d in dirnames if (base / d).is_symlink()]:
-            path = base / name
+    budget = MAX_SCAN_TOTAL_BYTES
+    stack = [(root, 0)]
+    while stack:
+        directory, depth = stack.pop()
+        drel = directory.relative_to(root).as_posix()
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            found.append(f"{drel}: unreadable directory ({e.strerror or e})")
+            continue
+        subdirs = []
+        for entry in entries:
+            path = Path(entry.path)
             rel = path.relative_to(root).as_posix()
             try:
-                if path.is_symlink():
+                if entry.is_symlink():
                     link = os.readlink(path)
                     why = matcher.find(link.encode("utf-8", "surrogateescape"))
                     found.append(f"{rel}: symlink (not scanned)" + (f"; its target names {why}" if why else ""))
                     continue
-                if not path.is_file():
+                if entry.is_dir(follow_symlinks=False):
+                    if depth + 1 >= MAX_DEPTH:
+                        found.append(f"{rel}: more than {MAX_DEPTH} directories deep (not scanned)")
+                    else:
+                        subdirs.append(path)
+                    continue
+                if not entry.is_file(follow_symlinks=False):
                     found.append(f"{rel}: not a regular file (not scanned)")
                     continue
-                size = path.stat().st_size
+                size = entry.stat(follow_symlinks=False).st_size
                 if size > MAX_SCAN_BYTES:
                     found.append(f"{rel}: {size} bytes, too large to scan")
                     continue
-                data = path.read_bytes()
+                if size > budget:
+                    found.append(f"{rel}: not scanned, the tree holds more than "
+                                 f"{MAX_SCAN_TOTAL_BYTES // 2**20} MiB to scan")
+                    continue
+                data = _read_nofollow(path, size)
             except OSError as e:
                 found.append(f"{rel}: unreadable ({e.strerror or e})")
                 continue
+            budget -= len(data)
             why = matcher.find(data) or matcher.find(rel.encode("utf-8", "surrogateescape"))
             if why is None and _shapes(data):
                 why = "a key-shaped string"
             if why:
                 found.append(f"{rel}: {why}")
+        stack.extend((d, depth + 1) for d in reversed(subdirs))  # popped in sorted order
     return found
+
+
+def _read_nofollow(path: Path, size: int) -> bytes:
+    """At most size + 1 bytes of a regular file, opened without following a link or blocking on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        return f.read(size + 1)

@@ -7,16 +7,17 @@ to the workspace; no agent process is alive between calls (every shell call's sa
 returns), so nothing can swap a path under them. They read files streamed and capped, and say so."""
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ...workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES
+from ...workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES, MAX_DEPTH
 from .confine import AgentSandbox
 from .paths import ToolError, confine, rel
 from .shell import run_shell, truncate
@@ -28,6 +29,7 @@ MAX_EDIT_BYTES = 4 * 2**20            # files edit_file rewrites
 MAX_SEARCH_FILE_BYTES = 2 * 2**20     # what search reads of one file
 MAX_SEARCH_BYTES = 64 * 2**20         # what one search reads in all
 MAX_LIST = 500
+MAX_VISIT = 20_000                    # entries one list_files or search looks at
 MAX_MATCHES = 200
 
 
@@ -193,14 +195,12 @@ class Toolbox:
         if not base.is_dir():
             raise ToolError(f"{path!r} is not a directory")
         out: list[str] = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
-            for f in sorted(filenames):
-                if not f.endswith(IGNORED_SUFFIXES):
-                    out.append(rel(self.root, Path(dirpath) / f))
+        notes: list[str] = []
+        for f in _files_under(self.root, base, notes):
+            out.append(rel(self.root, f))
             if len(out) >= MAX_LIST:
-                return "\n".join(out[:MAX_LIST]) + f"\n[... listing cut at {MAX_LIST} files]"
-        return "\n".join(out) or "(empty)"
+                return "\n".join(out) + f"\n[... listing cut at {MAX_LIST} files]"
+        return "\n".join(out + [f"[{n}]" for n in notes]) or "(empty)"
 
     def _t_read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> str:
         target = confine(self.root, path)
@@ -246,12 +246,13 @@ class Toolbox:
             rx = re.compile(pattern)
         except re.error as e:
             raise ToolError(f"bad regex: {e}") from None
+        _check_glob(glob)
         base, real_root = confine(self.root, path), self.root.resolve()
-        files = [base] if base.is_file() else sorted(p for p in base.rglob(glob or "*") if p.is_file()
-                                                     and not set(p.relative_to(base).parts) & IGNORED_DIRS
-                                                     and not p.name.endswith(IGNORED_SUFFIXES))
         hits: list[str] = []
         notes: list[str] = []
+        files = [base] if base.is_file() else (
+            f for f in _files_under(self.root, base, notes)
+            if not glob or _glob_match(PurePosixPath(f.relative_to(base).as_posix()), glob))
         budget = MAX_SEARCH_BYTES
         for f in files:
             real = f.resolve()
@@ -333,6 +334,56 @@ class Toolbox:
         names = tuple(n for n in (_change_name(self.redact(c)) for c in changes or []) if n)
         return ToolOutcome("session finished", finish=FinishRequest(report, tuple(dict.fromkeys(names)),
                                                                     tuple(lessons or [])))
+
+
+def _check_glob(glob: str | None) -> None:
+    """A search glob names files under the searched directory: never a parent ('..') or an absolute path."""
+    if glob is None:
+        return
+    if not glob.strip() or "\0" in glob:
+        raise ToolError("glob must be a non-empty file-name pattern such as '*.py'")
+    if os.path.isabs(glob) or glob.startswith("~") or ".." in PurePosixPath(glob.replace("\\", "/")).parts:
+        raise ToolError(f"refused: glob {glob!r} leaves the searched directory ('..' or an absolute path); "
+                        "use a pattern such as '*.py' or 'engine/*.py' and the path argument")
+
+
+def _glob_match(rel_path: PurePosixPath, glob: str) -> bool:
+    """Whether a file (its path under the searched directory) matches the glob as Path.rglob would take it:
+    '*.py' matches at any depth, 'engine/*.py' by its last parts, a leading '**/' matches any parent."""
+    while glob.startswith("**/"):
+        glob = glob[3:]
+    return bool(glob) and (rel_path.match(glob) or fnmatch.fnmatchcase(rel_path.as_posix(), glob))
+
+
+def _files_under(root: Path, base: Path, notes: list[str]) -> Iterator[Path]:
+    """The regular files under base (a directory of the workspace at root), directory by directory in sorted
+    order, skipping caches. Hostile trees are bounded: no link is followed or listed, nothing deeper than
+    MAX_DEPTH levels is entered, and at most MAX_VISIT entries are looked at (each limit reached adds a note)."""
+    stack, seen = [(base, 0)], 0
+    while stack:
+        directory, depth = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue  # unreadable, or a path too long to name
+        subdirs = []
+        for entry in entries:
+            seen += 1
+            if seen > MAX_VISIT:
+                notes.append(f"stopped after looking at {MAX_VISIT:,} entries; narrow the path")
+                return
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name in IGNORED_DIRS:
+                    continue
+                if depth + 1 >= MAX_DEPTH:
+                    notes.append(f"{rel(root, Path(entry.path))}/: more than {MAX_DEPTH} directories deep, "
+                                 "not entered")
+                    continue
+                subdirs.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False) and not entry.name.endswith(IGNORED_SUFFIXES):
+                yield Path(entry.path)
+        stack.extend((d, depth + 1) for d in reversed(subdirs))
 
 
 def _change_name(text: str) -> str:

@@ -1,0 +1,216 @@
+"""What a hostile agent leaves in its workspace for the host code that handles it afterwards: a flood of sparse
+files (no disk used, hours of reading), directory chains deeper than Python's recursion limit hiding setuid files
+and FIFOs, and search globs aimed at the host's filesystem. Each is attacked as an agent would (a real sandbox
+where that is cheap) and must neither cross into the host nor stall or crash the run. Each test fails on the code
+before its fix. CPU only; the whole file runs in a few seconds."""
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from seis.agents.llm import agent as agent_mod
+from seis.agents.llm import secrets as secrets_mod
+from seis.agents.llm import tools as tools_mod
+from seis.agents.llm.agent import finish_workspace
+from seis.agents.llm.cli_agent import _read_report
+from seis.agents.llm.confine import AGENT_LIMITS, AgentSandbox, sanitize_workspace
+from seis.agents.llm.redact import Redactor
+from seis.agents.llm.secrets import find_secrets
+from seis.agents.llm.shell import run_shell
+from seis.agents.llm.tools import Toolbox
+from seis.engine_import import ENGINE_TEMPLATE
+from seis.workspace import Report, prepare_workspace, tree_hash
+from seis.workspace.tree import MAX_DEPTH, remove_tree
+
+KEY = "sk-ant-api03-" + "Ab3dE9" * 6 + "xYz12AA"
+SPARSE = 64 * 2**20  # each flood file: exactly the per-file limit, so no per-file rule removes it
+
+
+def _ws(tmp_path: Path):
+    return prepare_workspace(ENGINE_TEMPLATE, tmp_path / "session" / "workspace",
+                             [Report("c0", 0, "## Earlier\nA report.\n", "retained")])
+
+
+def _chain(top: Path, depth: int) -> int:
+    """A chain top/a/a/.../a `depth` directories deep, made through descriptors (no path is ever that long);
+    returns a descriptor of its deepest directory."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("a", dir_fd=fd)
+        child = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    return fd
+
+
+def _walk_lstat(root: Path):
+    """(relative path, lstat) of every entry under root, iteratively (the test must not recurse either)."""
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        for entry in os.scandir(d):
+            st = entry.stat(follow_symlinks=False)
+            yield os.path.relpath(entry.path, root), st
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(Path(entry.path))
+
+
+# --- sparse files -------------------------------------------------------------------------------------------------
+
+def test_the_disk_watch_counts_the_apparent_size_of_sparse_files(tmp_path):
+    """`truncate -s 64M` uses no disk, so a watch counting blocks never fires while the agent makes files that
+    every host reader reads at full length. The sandbox is killed once their apparent size passes the bound."""
+    ws = _ws(tmp_path)
+    box = AgentSandbox(limits=replace(AGENT_LIMITS, max_written_bytes=256 * 2**20))
+    t0 = time.monotonic()
+    done = run_shell("mkdir -p junk && for i in $(seq 10000); do truncate -s 64M junk/f$i; done; echo ALL-MADE",
+                     ws.root, 60, box)
+    assert time.monotonic() - t0 < 30 and done.returncode is not None  # the watch, not the time limit
+    assert done.limit_note and "apparent size" in done.limit_note, done.render(60)
+    assert "ALL-MADE" not in done.output
+    assert len(os.listdir(ws.root / "junk")) < 2000
+
+
+def test_a_sparse_flood_is_refused_before_any_content_scan(tmp_path, monkeypatch):
+    """2,000 sparse files of 64 MiB (125 GiB to read, seconds of key search each) left for finish_workspace: the
+    workspace is refused on its metadata alone, in seconds, and nothing of it is left for the secret scan, the
+    hash or the diff to read. The session fails with a clear reason."""
+    ws = _ws(tmp_path)
+    junk = ws.root / "engine" / "junk"
+    junk.mkdir()
+    for i in range(2000):
+        with open(junk / f"f{i}", "wb") as f:
+            f.truncate(SPARSE)
+    (junk / "leak.py").write_text(f"k = {KEY!r}\n")
+    real_scan = agent_mod.find_secrets
+
+    def scan(tree, secrets=None):  # the flood must be gone before any content scan starts
+        assert not junk.exists(), "the secret scan was handed the sparse flood"
+        return real_scan(tree, secrets)
+    monkeypatch.setattr(agent_mod, "find_secrets", scan)
+    t0 = time.monotonic()
+    rejected = finish_workspace(ws, Redactor(secrets=[KEY]))
+    assert time.monotonic() - t0 < 10
+    assert rejected and "refused" in rejected and "sparse" in rejected, rejected
+    assert not junk.exists() and os.listdir(ws.root) == []  # removed unread: nothing of it is trusted
+    tree_hash(ws.root)  # the later readers have nothing to read
+    ws.diff()
+
+
+def test_keys_are_still_found_and_blanked_and_the_scan_has_a_total_budget(tmp_path, monkeypatch):
+    ws = _ws(tmp_path)
+    (ws.root / "engine" / "leak.py").write_text(f"k = {KEY!r}\n")
+    rejected = finish_workspace(ws, Redactor(secrets=[KEY]))
+    assert rejected and "engine/leak.py: held an API key" in rejected
+    assert KEY not in (ws.root / "engine" / "leak.py").read_text()
+    # past the total budget, files are reported unscanned (the tree is not clean), never read
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.py").write_text(f"k = {KEY!r}\n")
+    for i in range(5):
+        (tree / f"b{i}.txt").write_text("x" * 1000)
+    monkeypatch.setattr(secrets_mod, "MAX_SCAN_TOTAL_BYTES", 2500)
+    found = find_secrets(tree, [KEY])
+    assert found[0].startswith("a.py: secret #1")
+    assert sum("not scanned" in line for line in found) >= 3, found
+
+
+# --- deep chains -------------------------------------------------------------------------------------------------
+
+PLANT = """
+import os, sys
+fd = os.open("engine", os.O_RDONLY)
+for _ in range(int(sys.argv[1])):
+    os.mkdir("a", dir_fd=fd)
+    child = os.open("a", os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = child
+for where in (fd, os.open("engine", os.O_RDONLY)):
+    with open(os.open("suid", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=where), "w") as f:
+        f.write("x")
+    os.chmod("suid", 0o4777, dir_fd=where)
+    os.mkfifo("fifo", dir_fd=where)
+    os.mkdir("open", dir_fd=where)
+    os.chmod("open", 0o1777, dir_fd=where)
+    os.symlink("/etc/passwd", "link", dir_fd=where)
+print("PLANTED")
+"""
+
+
+def test_a_chain_deeper_than_the_recursion_limit_is_cut_and_the_rest_sanitized(tmp_path):
+    """The agent nests 1,500 directories (setuid file, FIFO, world-writable dir and link at the bottom, the same
+    at the top): finish_workspace completes without a RecursionError, the part past MAX_DEPTH is removed and
+    reported, and no setuid, world-writable, FIFO or link entry is left anywhere."""
+    ws = _ws(tmp_path)
+    (ws.root / "plant.py").write_text(PLANT)
+    done = run_shell("python3 plant.py 1500 && rm plant.py", ws.root, 60, AgentSandbox())
+    assert "PLANTED" in done.output, done.output
+    rejected = finish_workspace(ws, Redactor())
+    assert rejected and f"more than {MAX_DEPTH} directories deep" in rejected, rejected
+    for rel, st in _walk_lstat(ws.root):
+        assert rel.count("/") < MAX_DEPTH + 1, rel[:80]
+        assert stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode), rel
+        assert not st.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH), (rel, oct(st.st_mode))
+    assert (ws.root / "engine" / "suid").is_file() and not (ws.root / "engine" / "fifo").exists()
+    tree_hash(ws.root)  # a walk of the tree no longer meets the chain
+    assert sanitize_workspace(ws.root) == []
+
+
+def test_deep_chains_raise_no_recursion_error_in_the_scan_the_tools_or_the_report(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    os.close(_chain(tree, 1500))
+    found = find_secrets(tree, [KEY])
+    assert found == [f"{'a/' * (MAX_DEPTH - 1)}a: more than {MAX_DEPTH} directories deep (not scanned)"], found
+    box = Toolbox(tree)
+    for name, args in (("list_files", {}), ("search", {"pattern": "x"})):
+        out = box.call(name, args)
+        assert not out.is_error and "directories deep, not entered" in out.text, (name, out.text[:300])
+    # a cli agent's report "file" made a 1,500-deep directory: read as no report, and removed
+    report = tmp_path / "SESSION_REPORT.md"
+    report.mkdir()
+    os.close(_chain(report, 1500))
+    assert _read_report(report) == "" and not report.exists()
+    remove_tree(tree)  # pytest's own cleanup of old temporary directories recurses
+
+
+# --- the search tool ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("glob", ["../../../etc/passwd", "../../../**/*", "engine/../../*", "/etc/*",
+                                  "*/../../../../usr/**/*"])
+def test_search_refuses_globs_that_leave_the_workspace(tmp_path, glob):
+    ws = _ws(tmp_path)
+    t0 = time.monotonic()
+    out = Toolbox(ws.root).call("search", {"pattern": "root", "glob": glob})
+    assert out.is_error and "refused" in out.text and "root:" not in out.text, out.text
+    assert time.monotonic() - t0 < 2
+
+
+def test_search_globs_still_work_and_a_walk_is_bounded(tmp_path, monkeypatch):
+    ws = _ws(tmp_path)
+    (ws.root / "engine" / "sub").mkdir()
+    (ws.root / "engine" / "sub" / "needle.py").write_text("needle = 1\n")
+    (ws.root / "engine" / "needle.txt").write_text("needle\n")
+    box = Toolbox(ws.root)
+    for glob, hits in (("*.py", ["engine/sub/needle.py:1: needle = 1"]),
+                       ("sub/*.py", ["engine/sub/needle.py:1: needle = 1"]),
+                       ("**/*.txt", ["engine/needle.txt:1: needle"]), (None, None)):
+        out = box.call("search", {"pattern": "needle", **({"glob": glob} if glob else {})})
+        assert not out.is_error, out.text
+        if hits is not None:
+            assert out.text.splitlines() == hits, (glob, out.text)
+        else:
+            assert {"engine/sub/needle.py:1: needle = 1", "engine/needle.txt:1: needle"} <= set(out.text.splitlines())
+    flood = ws.root / "engine" / "flood"
+    flood.mkdir()
+    for i in range(300):
+        (flood / f"e{i}").mkdir()
+    monkeypatch.setattr(tools_mod, "MAX_VISIT", 100)
+    for name, args in (("list_files", {}), ("search", {"pattern": "zzz-no-such"})):
+        out = box.call(name, args)
+        assert not out.is_error and "stopped after looking at 100 entries" in out.text, (name, out.text[-300:])
