@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..workspace.tree import MAX_DEPTH, TreeError
 from . import bwrap
 from .cgroup import MemoryCage
 from .policy import SAFE_PATH, SandboxPolicy
@@ -106,7 +107,11 @@ class _UidLease:
                 os.close(fd)
                 continue
             self.uid, self._fd = uid, fd
-            _kill(_leftovers({uid}))  # of a sandbox whose owner was killed before it could clean up
+            try:
+                _kill(_leftovers({uid}))  # of a sandbox whose owner was killed before it could clean up
+            except BaseException:
+                os.close(fd)
+                raise
             return
         raise SandboxError(f"all {UID_COUNT} sandbox uids are in use")
 
@@ -220,24 +225,26 @@ class SandboxedProcess:
         if _INTERRUPTED.is_set():
             raise SandboxError("this process is being interrupted: it starts no new sandbox")
         bwrap.bwrap_version()  # SandboxUnavailable with the install hint, before anything else
-        if os.geteuid() == 0:
-            self._lease = _UidLease()
-            self.uid = self._lease.uid
-            if self.policy.limits.sandbox_memory_bytes is not None:
-                self.cage = MemoryCage.create(f"seis-sandbox-{self.uid}", self.policy.limits.sandbox_memory_bytes)
-            for b in self.policy.binds:
-                if b.writable:
-                    _chown_tree(b.src, self.uid)
-                else:
-                    _readable_by_others(b.src)
-        # where programs and packages are found: the operator's PATH and PYTHONPATH as far as the sandbox shows them
-        found = {"PATH": bwrap.search_path(self.forbidden), "PYTHONPATH": bwrap.python_search_path(self.forbidden)}
-        env = {**{k: v for k, v in found.items() if v}, "HOME": "/tmp/home", "USER": "sandbox", "LOGNAME": "sandbox",
-               **self.policy.env}
-        policy = dataclasses.replace(self.policy, env=env)
-        read_fd, write_fd = os.pipe()
-        args_fd = None
-        try:
+        read_fd = write_fd = args_fd = None
+        try:  # from the lease on, whatever fails releases it (and the cgroup): a uid must never stay taken host-wide
+            if os.geteuid() == 0:
+                self._lease = _UidLease()
+                self.uid = self._lease.uid
+                if self.policy.limits.sandbox_memory_bytes is not None:
+                    self.cage = MemoryCage.create(f"seis-sandbox-{self.uid}",
+                                                  self.policy.limits.sandbox_memory_bytes)
+                for b in self.policy.binds:
+                    if b.writable:
+                        _chown_tree(b.src, self.uid, b.dest)
+                    else:
+                        _readable_by_others(b.src, b.dest)
+            # where programs and packages are found: the operator's PATH and PYTHONPATH as far as the sandbox shows
+            found = {"PATH": bwrap.search_path(self.forbidden),
+                     "PYTHONPATH": bwrap.python_search_path(self.forbidden)}
+            env = {**{k: v for k, v in found.items() if v}, "HOME": "/tmp/home", "USER": "sandbox",
+                   "LOGNAME": "sandbox", **self.policy.env}
+            policy = dataclasses.replace(self.policy, env=env)
+            read_fd, write_fd = os.pipe()
             # bwrap reads its options from a file descriptor, so its init (pid 1 inside, whose command line every
             # process of the sandbox can read) shows `bwrap --args N -- <command>`, not the host paths it binds
             args_fd = _args_file(bwrap.options(policy, self.uid, write_fd, self.forbidden))
@@ -251,11 +258,13 @@ class SandboxedProcess:
                                          # with: give it nothing of ours (no keys in /proc/1/environ)
                                          env={"PATH": os.environ.get("PATH") or SAFE_PATH})
         except BaseException:
-            os.close(read_fd)
+            if read_fd is not None:
+                os.close(read_fd)
             self._release()
             raise
         finally:
-            os.close(write_fd)
+            if write_fd is not None:
+                os.close(write_fd)
             if args_fd is not None:
                 os.close(args_fd)
         with _STARTED_LOCK:  # from here on, an interrupt's kill_all() ends it even while it is still starting
@@ -418,56 +427,111 @@ def interrupt_on_exit_signal() -> Iterator[None]:
 _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _chown_tree(root: Path, uid: int) -> None:
+def _too_deep(shown: str, rel: str) -> TreeError:
+    parts = rel.split("/")
+    where = "/".join(parts[:3] + ["..."] + parts[-1:]) if len(parts) > 4 else rel
+    return TreeError(f"{shown} holds directories nested more than {MAX_DEPTH} deep ({shown}/{where}); the sandbox "
+                     f"does not start over such a tree")
+
+
+def _walk_dirs(root_fd: int, shown: str, visit) -> None:
+    """Every directory under root_fd (not root_fd itself), without recursion and without following a link:
+    each is opened relative to its parent's descriptor with O_NOFOLLOW (a directory swapped for a link is skipped)
+    and handed to visit(fd) before its entries; every other entry goes to visit(None, dir_fd, name, st). A
+    directory nested more than MAX_DEPTH deep is a TreeError, so at most MAX_DEPTH + 2 descriptors are open."""
+    stack: list[tuple[int, list[str], str]] = []
+    try:
+        stack.append((os.dup(root_fd), os.listdir(root_fd), ""))
+        while stack:
+            fd, names, prefix = stack[-1]
+            if not names:
+                os.close(fd)
+                stack.pop()
+                continue
+            name = names.pop()
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:  # gone since it was listed
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                visit(None, fd, name, st)
+                continue
+            if len(stack) > MAX_DEPTH:
+                raise _too_deep(shown, prefix + name)
+            try:
+                child = os.open(name, _DIR_NOFOLLOW, dir_fd=fd)
+            except OSError:  # gone, or changed into a link or a file since it was listed: nothing of it is followed
+                continue
+            try:
+                visit(child)
+                entries = os.listdir(child)
+            except OSError:  # changed meanwhile: left as it is
+                os.close(child)
+                continue
+            except BaseException:
+                os.close(child)
+                raise
+            stack.append((child, entries, prefix + name + "/"))
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _chown_tree(root: Path, uid: int, shown: str = "the writable bind") -> None:
     """Give a writable bind to the sandbox's user. This runs as root over what an earlier sandbox wrote, so it goes
     through descriptors opened without following links: a directory swapped for a link while it runs is skipped,
     never followed onto a host file. A link itself is left to the session's cleanup; a hard-linked file is not
-    given away (its other name may be anywhere)."""
+    given away (its other name may be anywhere). A tree nested more than MAX_DEPTH deep is a TreeError (shown: the
+    bind's mount point, for the message), never walked into a RecursionError."""
+    def give(fd: int | None, dir_fd: int | None = None, name: str = "", st: os.stat_result | None = None) -> None:
+        if fd is not None:
+            os.fchown(fd, uid, uid)
+        elif stat.S_ISLNK(st.st_mode) or st.st_nlink == 1:
+            try:
+                os.chown(name, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:  # gone since it was listed
+                pass
+
     fd = os.open(root, _DIR_NOFOLLOW)
     try:
-        _chown_under(fd, uid)
+        os.fchown(fd, uid, uid)
+        _walk_dirs(fd, shown, give)
     finally:
         os.close(fd)
 
 
-def _chown_under(dir_fd: int, uid: int) -> None:
-    os.fchown(dir_fd, uid, uid)
-    for name in os.listdir(dir_fd):
-        try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                fd = os.open(name, _DIR_NOFOLLOW, dir_fd=dir_fd)
-                try:
-                    _chown_under(fd, uid)
-                finally:
-                    os.close(fd)
-            elif stat.S_ISLNK(st.st_mode) or st.st_nlink == 1:
-                os.chown(name, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:  # gone or changed since it was listed: nothing of it is followed
-            continue
-
-
-def _readable_by_others(root: Path) -> None:
+def _readable_by_others(root: Path, shown: str = "the read-only bind") -> None:
     """As root the sandbox's user is "other" to every host file, so what a read-only bind shows must be readable
     (directories searchable, executables executable) by others, whatever umask it was written under: under 077 a
-    stored engine tree would otherwise be shown but unreadable. Contents, owners and tree hashes stay as they were."""
-    def widen(path: str) -> None:
-        st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode):
-            return
+    stored engine tree would otherwise be shown but unreadable. Contents, owners and tree hashes stay as they were.
+    Like _chown_tree, it goes through descriptors and never follows a link (directories are changed with fchmod
+    through a descriptor opened with O_NOFOLLOW, other entries with fchmodat's AT_SYMLINK_NOFOLLOW)."""
+    def want(st: os.stat_result) -> int:
         mode = stat.S_IMODE(st.st_mode)
-        want = mode | stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(st.st_mode) or mode & stat.S_IXUSR else 0)
-        if want != mode:
-            try:
-                os.chmod(path, want, follow_symlinks=False)
-            except OSError:  # a read-only or foreign file: the process inside reports what it cannot read
-                pass
+        return mode | stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(st.st_mode) or mode & stat.S_IXUSR else 0)
+
+    def widen(fd: int | None, dir_fd: int | None = None, name: str = "", st: os.stat_result | None = None) -> None:
+        try:
+            if fd is not None:
+                st = os.fstat(fd)
+                if want(st) != stat.S_IMODE(st.st_mode):
+                    os.fchmod(fd, want(st))
+            elif not stat.S_ISLNK(st.st_mode) and want(st) != stat.S_IMODE(st.st_mode):
+                os.chmod(name, want(st), dir_fd=dir_fd, follow_symlinks=False)
+        except (OSError, ValueError, NotImplementedError):
+            pass  # read-only, foreign, or now a link: the process inside reports what it cannot read
 
     root = Path(root).resolve()  # bwrap shows a bind's target: widen that, not a link to it
-    widen(str(root))
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            widen(os.path.join(dirpath, name))
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        widen(None, None, str(root), st)  # a file bind (root is resolved: not a link)
+        return
+    fd = os.open(root, _DIR_NOFOLLOW)
+    try:
+        widen(fd)
+        _walk_dirs(fd, shown, widen)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
