@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -127,7 +126,7 @@ def _time_engines(args: argparse.Namespace, model_dir: Path, calls: list[list[li
     from ..engine_host import EngineProcess
     from ..engine_host.client import Sampling
     from ..engine_host.jit_cache import held_cache, private_cache
-    from ..workspace.tree import tree_hash
+    from ..workspace.tree import scratch_dir, tree_hash
 
     sampling = Sampling(max_new_tokens=args.new_tokens, ignore_eos=True)
     options = {"max_batch_size": args.max_batch_size or max(8, args.batch), "max_seq_len": args.max_seq_len}
@@ -143,17 +142,17 @@ def _time_engines(args: argparse.Namespace, model_dir: Path, calls: list[list[li
         tokens[name].extend(outs)
         return tok_per_s
 
-    with tempfile.TemporaryDirectory(prefix="seis-ladder-") as tmp, tempfile.TemporaryDirectory() as cache, \
-            ExitStack() as held:
+    # scratch_dir: engines write into their caches; what they leave is removed without following links or recursing
+    with scratch_dir("seis-ladder-") as tmp, scratch_dir("seis-ladder-cache-") as cache, ExitStack() as held:
         # JIT caches (engine_host.jit_cache): E0 keeps the machine's cache for its tree, as vanilla does in the gate;
         # every other engine gets its own copy, made once E0 has warmed up, so kernels E0 compiled are not compiled
         # again (each sandbox runs as its own user, and no engine may write another's cache).
-        shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), Path(cache) / "E0"))
+        shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), cache / "E0"))
         try:
-            for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, Path(tmp), also,
+            for i, (name, (d, opts)) in enumerate(systems(order, args.alone, backends, tmp, also,
                                                           extra).items()):
                 t0 = time.perf_counter()
-                cache_dir = shared if name == "E0" else private_cache(Path(cache) / f"engine-{i}", shared)
+                cache_dir = shared if name == "E0" else private_cache(cache / f"engine-{i}", shared)
                 engines[name] = EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900, cache_dir=cache_dir)
                 engines[name].start()
                 info[name] = {"build": engines[name].build(), "options": engines[name].options}

@@ -23,7 +23,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -267,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
     from ..engine_host.jit_cache import held_cache, private_cache
     from ..engine_import import ENGINE_TEMPLATE
     from ..models import resolve_model
-    from ..workspace.tree import tree_hash
+    from ..workspace.tree import scratch_dir, tree_hash
     from .engine_speed import _commit
 
     model_dir = Path(resolve_model(args.model))
@@ -280,12 +279,12 @@ def main(argv: list[str] | None = None) -> dict:
     calls = workloads(model_dir, batches, args.reps, args.prompt_len, not args.no_gsm8k)
     options = {"device": args.device, "max_batch_size": max(batches), "max_seq_len": 2048}
     systems: dict = {}
-    with tempfile.TemporaryDirectory(prefix="seis-versus-") as tmp, ExitStack() as held:
+    with scratch_dir("seis-versus-") as tmp, ExitStack() as held:  # engines write their caches under tmp
         trees = engine_trees([n for n in args.stack.split(",") if n], labelled, args.snapshot,
-                             args.store, Path(tmp), args.stack_label)
-        shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), Path(tmp) / "cache-E0"))
+                             args.store, tmp, args.stack_label)
+        shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), tmp / "cache-E0"))
         # each candidate's cache is a copy of E0's as it stands before anything builds (E0 writes into its own)
-        caches = {label: shared if label == "E0" else private_cache(Path(tmp) / f"cache-{i}", shared)
+        caches = {label: shared if label == "E0" else private_cache(tmp / f"cache-{i}", shared)
                   for i, label in enumerate(trees)}
         try:
             if with_vanilla:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -24,6 +23,7 @@ from .snapshot import Snapshot, files_sha256, snapshot, tree_sha256
 from .speed import TimedOutputs, measure_speed, vanilla_as_parent
 from .timed import timed_checks
 from .workloads import GateWorkloads, SpeedWorkload, load_gate_workloads, load_speed_workloads, read_model_limits
+from ..workspace.tree import scratch_dir
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # seis/
 
@@ -199,10 +199,12 @@ def run_gate(config: GateConfig) -> GateResult:
     # milliseconds: a run's timeline orders its gates by this
     t0, started = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     timings: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="seis-gate-") as tmp, ExitStack() as held:
+    # scratch_dir: the candidate writes into its cache under tmp; whatever it leaves there (links, a chain
+    # thousands deep) is removed without following a link or recursing, so the verdict always comes back
+    with scratch_dir("seis-gate-") as tmp, ExitStack() as held:
         roles = {"candidate": config.candidate, "vanilla": config.reference,
                  "parent": config.parent if config.speed.enabled else None}
-        setup = _setup(config, Path(tmp), roles)
+        setup = _setup(config, tmp, roles)
         wl = load_gate_workloads(config, setup.model_dir)
         vocab, _ = read_model_limits(setup.model_dir)
         timings["setup"] = time.monotonic() - t0
@@ -321,9 +323,9 @@ def run_dev_benchmark(config: GateConfig) -> DevBenchmarkResult:
     """The dev speed table only (candidate, optional parent, vanilla E0): no correctness checks, no held-out data
     and no thresholds, so it is safe to hand to agents. Vanilla is config.reference (or its snapshot)."""
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="seis-devbench-") as tmp, ExitStack() as held:
-        setup = _setup(config, Path(tmp), {"candidate": config.candidate, "parent": config.parent,
-                                           "vanilla": config.reference})
+    with scratch_dir("seis-devbench-") as tmp, ExitStack() as held:
+        setup = _setup(config, tmp, {"candidate": config.candidate, "parent": config.parent,
+                                     "vanilla": config.reference})
         workloads, budget, _ = load_speed_workloads(config, setup.model_dir)
         handles = _handles(config, setup, budget.max_seq_len, trusted={"vanilla"}, held=held)
         try:

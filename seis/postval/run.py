@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from typing import Any
 from ..engine_host.affinity import pinned_together
 from ..engine_host.attention import baseline_attention
 from ..engine_host.gpu_idle import GpuIdle
+from ..workspace.tree import scratch_dir
 from .accuracy import (
     Output,
     bucket_accuracy,
@@ -90,7 +90,7 @@ def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[Engin
     engines: dict[EngineName, EngineProcess] = {}
     with ExitStack() as stack:
         tree = tree_sha256(c.vanilla_dir)
-        own = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"seis-postval-{phase}-")))
+        own = stack.enter_context(scratch_dir(f"seis-postval-{phase}-"))  # the candidate writes its cache here
         caches = {"vanilla": stack.enter_context(held_cache(tree, own / "vanilla-cache")),
                   "candidate": private_cache(own / "cache", trusted_cache(tree))}
         t0 = time.perf_counter()

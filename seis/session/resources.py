@@ -13,11 +13,12 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ..workspace.tree import TreeError, remove_tree
 
 
 def _proc_start(pid: int) -> str | None:
@@ -115,6 +116,16 @@ def scratch_dir(run_dir: Path) -> Path:
     return base / f"seis-run-{digest}"
 
 
+def _remove(path: Path) -> None:
+    """Best effort, as the run's end or the next attempt's start must not fail on it: a scratch dir holds what
+    sandboxed engines wrote (their caches), so it is removed as hostile input (remove_tree: no link followed, no
+    recursion, whatever its depth)."""
+    try:
+        remove_tree(path)
+    except (OSError, TreeError):
+        pass
+
+
 _scratch_lock = threading.Lock()
 _active: list[Path] = []     # scratch dirs of the runs now working in this process, in the order they began
 _finished: list[Path] = []   # ended runs' dirs, removed once no run of this process is working
@@ -135,7 +146,7 @@ def scratch(run_dir: Path):
         if root in _finished:  # ended earlier in this process, possibly holding other runs' files: keep it
             _finished.remove(root)
         else:
-            shutil.rmtree(root, ignore_errors=True)
+            _remove(root)
         root.mkdir(parents=True, exist_ok=True)
         _active.append(root)
         tempfile.tempdir = str(root)
@@ -148,5 +159,5 @@ def scratch(run_dir: Path):
             tempfile.tempdir = str(_active[-1]) if _active else _original_tempdir
             if not _active:
                 for d in _finished:
-                    shutil.rmtree(d, ignore_errors=True)
+                    _remove(d)
                 _finished.clear()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
+from ..workspace.tree import remove_tree
 from .rundir import OUTCOME_FILE, RunDir, run_root_of
 from .spec import SessionOutcome
 from .status import count_sessions_done
@@ -68,8 +68,7 @@ def still_valid(outcome: SessionOutcome, protocol: str, parent_snapshot: str, re
 
 
 def clear(path: Path) -> None:
-    """Remove what an interrupted session (or fan-in) left, so that it is redone from scratch."""
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
+    """Remove what an interrupted session (or fan-in) left, so that it is redone from scratch. Its workspace is an
+    agent's, never sanitized if the session was cut off: removed as hostile input (a link is unlinked, never
+    followed; no recursion, whatever the depth)."""
+    remove_tree(path)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..workspace.tree import TreeError, remove_tree
 
 VERDICTS = "verdicts"
 REUSED = "gate-reused.json"   # in a session that took an earlier verdict: which one
@@ -44,6 +45,15 @@ def _matches(result, candidate_tree: str, evaluator_source: str, parent_snapshot
             and h.evaluator_source == evaluator_source and h.snapshots.get("parent") == parent_snapshot)
 
 
+def _discard(path: Path) -> None:
+    """Best effort, as hostile input (no link followed, no recursion): a copy of a candidate, or what an
+    interrupted attempt left where one goes."""
+    try:
+        remove_tree(path)
+    except (OSError, TreeError):
+        pass
+
+
 def reuse_verdict(gate_config, session_dir: Path, retain_dir: Path) -> ReusedVerdict | None:
     """The verdict an earlier session of this run reached on exactly this candidate, or None (gate it). On a reused
     pass, retain_dir holds this session's own copy of the tree (hashed: the one the verdict names)."""
@@ -55,11 +65,11 @@ def reuse_verdict(gate_config, session_dir: Path, retain_dir: Path) -> ReusedVer
     if not any((root / VERDICTS).glob("*.json")):  # nothing judged yet: no copy to hash
         return None
     copy = Path(retain_dir).with_name(Path(retain_dir).name + ".reuse")
-    shutil.rmtree(copy, ignore_errors=True)
+    _discard(copy)
     try:
         snap = snapshot(gate_config.candidate, copy, max_bytes=gate_config.isolation.max_tree_mb * 2**20)
     except (GateInputError, OSError):  # the gate itself refuses such a tree, with its reason
-        shutil.rmtree(copy, ignore_errors=True)
+        _discard(copy)
         return None
     source = evaluator_source_sha256()
     key = verdict_key(gate_config, snap.sha256, source)
@@ -69,13 +79,13 @@ def reuse_verdict(gate_config, session_dir: Path, retain_dir: Path) -> ReusedVer
     except (OSError, ValueError, KeyError, TypeError):
         result = None
     if result is None or not _matches(result, snap.sha256, source, gate_config.parent_snapshot):
-        shutil.rmtree(copy)
+        remove_tree(copy)
         return None
-    shutil.rmtree(retain_dir, ignore_errors=True)
+    _discard(retain_dir)
     if result.verdict == "pass":
         copy.rename(retain_dir)
     else:
-        shutil.rmtree(copy)
+        remove_tree(copy)
     (Path(session_dir) / REUSED).write_text(json.dumps({"session": gated, "key": key}, indent=2) + "\n")
     return ReusedVerdict(result, gated)
 

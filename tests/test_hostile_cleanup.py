@@ -1,0 +1,234 @@
+"""Host code that starts sandboxes over, and cleans up after, trees a hostile agent or engine wrote: a chain of
+directories thousands deep (past Python's recursion limit), links to host files, 0500 directories. A sandbox start
+refuses such a bind with a clear error and leaks neither its host-wide uid lease nor its memory cgroup; the gate's
+and a run's scratch cleanup removes such a tree without raising (the verdict still comes back) and without touching
+a host file. Each test fails on the code before its fix. CPU only; real sandboxes where one is cheap."""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from seis.sandbox import process as P
+from seis.workspace.tree import MAX_DEPTH, TreeError, remove_tree
+
+DEEP = 1500  # past the interpreter's recursion limit (1000)
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid leases, chown and chmod of binds happen only as root")
+
+
+def _chain(root: Path, depth: int) -> Path:
+    """root/d/d/.../d, `depth` directories deep, made relative to each level (a path that long has no name)."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "w") as f:
+        f.write("bottom")
+    os.close(fd)
+    return root
+
+
+def _hostile(root: Path, host_file: Path) -> None:
+    """What a sandboxed engine or agent can leave in a directory it may write."""
+    _chain(root / "deep", DEEP)
+    (root / "link").symlink_to(host_file)
+    (root / "dirlink").symlink_to(host_file.parent, target_is_directory=True)
+    (root / "locked" / "inner").mkdir(parents=True)
+    (root / "locked" / "inner" / "f").write_text("x")
+    (root / "locked").chmod(0o500)
+
+
+@pytest.fixture(autouse=True)
+def _no_deep_leftovers(tmp_path: Path):
+    """pytest's own cleanup of old tmp_path directories recurses: leave it nothing deep."""
+    yield
+    remove_tree(tmp_path)
+
+
+@pytest.fixture
+def host_file(tmp_path: Path) -> Path:
+    target = tmp_path / "host" / "keys.env"
+    target.parent.mkdir()
+    target.write_text("KEY=host-secret")
+    target.chmod(0o600)
+    target.parent.chmod(0o700)
+    return target
+
+
+def _untouched(host_file: Path) -> None:
+    assert host_file.read_text() == "KEY=host-secret"
+    st = host_file.stat()
+    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, os.geteuid())
+    assert stat.S_IMODE(host_file.parent.stat().st_mode) == 0o700
+
+
+def _leases_held() -> list[int]:
+    """The sandbox uids this process holds a lease on (an open descriptor of its lock file)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(P._LOCK_DIR) + "/"):
+            held.append(int(target.rsplit("/", 1)[1]))
+    return sorted(held)
+
+
+# ---- sandbox start: no leaked lease, a clear error ------------------------------------------------------------------
+@as_root
+def test_shell_calls_over_a_workspace_thousands_deep_fail_clearly_and_leak_no_uid_lease(tmp_path):
+    """The agent nests its workspace 1500 deep, then calls run_shell again and again: every call is refused with a
+    message saying why, the host keeps no uid lease taken (before: a RecursionError out of the start, and one
+    more of the host's 999 sandbox uids taken for ever on every call), and once the tree is gone the shell works."""
+    from seis.agents.llm.confine import AgentSandbox
+    from seis.agents.llm.shell import run_shell
+    ws = tmp_path / "ws"
+    (ws / "engine").mkdir(parents=True)
+    (ws / "engine" / "__init__.py").write_text("x = 1\n")
+    _chain(ws / "nest", DEEP)
+    before = _leases_held()
+    for _ in range(5):
+        out = run_shell("echo hi", ws, 30, AgentSandbox())
+        assert out.error is not None and f"nested more than {MAX_DEPTH} deep" in out.error
+        assert "/workspace/nest/d/d/" in out.error and str(tmp_path) not in out.error  # the agent's view only
+        assert _leases_held() == before
+    remove_tree(ws / "nest")
+    out = run_shell("echo ok", ws, 30, AgentSandbox())
+    assert (out.error, out.returncode, out.output.strip()) == (None, 0, "ok")
+    assert _leases_held() == before
+
+
+class _FakeCage:
+    removed = 0
+
+    def enter_argv(self) -> list[str]:
+        return []
+
+    def oom_kills(self) -> int:
+        return 0
+
+    def remove(self) -> None:
+        _FakeCage.removed += 1
+
+
+@as_root
+@pytest.mark.parametrize("fail_in", ["_chown_tree", "_readable_by_others"])
+def test_any_failure_between_the_lease_and_the_start_releases_the_lease_and_the_cgroup(tmp_path, monkeypatch,
+                                                                                     fail_in):
+    """Not only a deep tree: whatever goes wrong while the binds are prepared (here an error no caller expects)
+    gives the uid lease and the memory cgroup back before it reaches the caller."""
+    from seis.sandbox.policy import Bind, Limits, SandboxPolicy
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(P, fail_in, boom)
+    monkeypatch.setattr(P.MemoryCage, "create", classmethod(lambda cls, name, limit: _FakeCage()))
+    _FakeCage.removed = 0
+    (tmp_path / "rw").mkdir()
+    (tmp_path / "ro").mkdir()
+    policy = SandboxPolicy((Bind(tmp_path / "rw", "/rw", writable=True), Bind(tmp_path / "ro", "/ro")), {},
+                           limits=Limits(sandbox_memory_bytes=2**30))
+    before = _leases_held()
+    for i in range(5):
+        box = P.SandboxedProcess(["true"], policy)
+        with pytest.raises(RuntimeError, match="boom"):
+            box.start()
+        assert _leases_held() == before
+        assert (_FakeCage.removed, box.cage, box.proc) == (i + 1, None, None)
+
+
+@as_root
+def test_preparing_binds_thousands_deep_is_refused_not_recursed_into(tmp_path, host_file):
+    """The walks that hand a writable bind to the sandbox's user and make a read-only one readable go through
+    descriptors, without recursion: a tree MAX_DEPTH deep is walked to its bottom, one thousands deep is a
+    TreeError (before: RecursionError), and a link to a host file is neither chowned nor chmodded through."""
+    tree = tmp_path / "tree"
+    _chain(tree, MAX_DEPTH)
+    (tree / "link").symlink_to(host_file)
+    (tree / "dirlink").symlink_to(host_file.parent, target_is_directory=True)
+    bottom = tree / ("d/" * MAX_DEPTH + "f")
+    P._readable_by_others(tree)
+    assert stat.S_IMODE(bottom.stat().st_mode) == 0o604
+    P._chown_tree(tree, 54321)
+    assert bottom.stat().st_uid == 54321 and bottom.parent.stat().st_uid == 54321
+    assert (tree / "link").lstat().st_uid == 54321  # the link itself, never its target
+    _untouched(host_file)
+
+    _chain(bottom.parent / "deeper", DEEP)
+    with pytest.raises(TreeError, match=f"more than {MAX_DEPTH} deep"):
+        P._chown_tree(tree, 54321)
+    with pytest.raises(TreeError, match=f"more than {MAX_DEPTH} deep"):
+        P._readable_by_others(tree)
+    _untouched(host_file)
+
+
+# ---- cleanup of what sandboxed code wrote ---------------------------------------------------------------------------
+def _stub_gate(monkeypatch, plant) -> None:
+    """run_gate with everything but its scratch directory's lifecycle stubbed out: `plant` runs where the engines
+    would (it gets the candidate's cache dir), and the gate's verdict is a plain 'fail'."""
+    from seis.evaluator import gate as G
+    monkeypatch.setattr(G, "_setup", lambda config, tmp, roles: SimpleNamespace(model_dir=tmp, cache_root=tmp))
+    monkeypatch.setattr(G, "load_gate_workloads", lambda config, model_dir: SimpleNamespace(budget=SimpleNamespace(max_seq_len=64)))
+    monkeypatch.setattr(G, "read_model_limits", lambda model_dir: (0, 0))
+    engine = SimpleNamespace(role="candidate", close=lambda: None)
+    monkeypatch.setattr(G, "_handles", lambda config, setup, max_seq_len, trusted, held: {"candidate": engine})
+    monkeypatch.setattr(G, "_judge", lambda config, setup, *a: plant(setup.cache_root / "cache-candidate"))
+    monkeypatch.setattr(G, "_gate_result", lambda *a: SimpleNamespace(verdict="fail"))
+
+
+def test_the_gate_reaches_its_verdict_over_a_hostile_engine_cache(tmp_path, monkeypatch, host_file):
+    """A candidate engine leaves a chain 1500 deep, links to host files and a 0500 directory in its writable
+    cache: the gate still returns its verdict (before: RecursionError from the temporary directory's cleanup),
+    removes all of it and touches no host file."""
+    from seis.evaluator.gate import GateConfig, run_gate
+    seen: list[Path] = []
+
+    def plant(cache: Path) -> None:
+        cache.mkdir()
+        _hostile(cache, host_file)
+        seen.append(cache.parent)
+    _stub_gate(monkeypatch, plant)
+    result = run_gate(GateConfig(candidate=tmp_path / "candidate", model="tiny"))
+    assert result.verdict == "fail"
+    assert seen and not os.path.lexists(seen[0])
+    _untouched(host_file)
+
+
+def test_a_run_scratch_dir_full_of_hostile_trees_is_removed_without_error(tmp_path, monkeypatch, host_file):
+    """A run's scratch dir holds the caches sandboxed engines wrote: at the run's end (and at the next attempt's
+    start, over what a killed one left) it is removed best-effort, never raising (before: RecursionError)."""
+    from seis.session import resources
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    run_dir = tmp_path / "run"
+    left = resources.scratch_dir(run_dir)
+    _hostile(left, host_file)  # what an attempt killed mid-run left
+    with resources.scratch(run_dir) as root:
+        assert root == left and list(root.iterdir()) == []
+        _hostile(root / "engine-cache", host_file)
+    assert not os.path.lexists(root)
+    _untouched(host_file)
+
+
+def test_resume_clears_an_interrupted_sessions_hostile_workspace(tmp_path, host_file):
+    """A session cut off before its workspace was sanitized leaves the agent's tree as it was: a resumed run
+    removes it without recursion and without following its links."""
+    from seis.session.resume import clear
+    session = tmp_path / "session"
+    _hostile(session / "workspace", host_file)
+    clear(session)
+    assert not os.path.lexists(session)
+    clear(session)  # already gone: nothing to do
+    link = tmp_path / "left-link"
+    link.symlink_to(host_file.parent, target_is_directory=True)
+    clear(link)
+    assert not os.path.lexists(link)
+    _untouched(host_file)
