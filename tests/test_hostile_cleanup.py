@@ -13,43 +13,21 @@ from types import SimpleNamespace
 
 import pytest
 
+from deep_trees import DEEP, chain, no_deep_leftovers  # noqa: F401 (autouse)
 from seis.sandbox import process as P
 from seis.workspace.tree import MAX_DEPTH, TreeError, remove_tree
 
-DEEP = 1500  # past the interpreter's recursion limit (1000)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid leases, chown and chmod of binds happen only as root")
-
-
-def _chain(root: Path, depth: int) -> Path:
-    """root/d/d/.../d, `depth` directories deep, made relative to each level (a path that long has no name)."""
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(depth):
-        os.mkdir("d", dir_fd=fd)
-        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "w") as f:
-        f.write("bottom")
-    os.close(fd)
-    return root
 
 
 def _hostile(root: Path, host_file: Path) -> None:
     """What a sandboxed engine or agent can leave in a directory it may write."""
-    _chain(root / "deep", DEEP)
+    chain(root / "deep", DEEP)
     (root / "link").symlink_to(host_file)
     (root / "dirlink").symlink_to(host_file.parent, target_is_directory=True)
     (root / "locked" / "inner").mkdir(parents=True)
     (root / "locked" / "inner" / "f").write_text("x")
     (root / "locked").chmod(0o500)
-
-
-@pytest.fixture(autouse=True)
-def _no_deep_leftovers(tmp_path: Path):
-    """pytest's own cleanup of old tmp_path directories recurses: leave it nothing deep."""
-    yield
-    remove_tree(tmp_path)
 
 
 @pytest.fixture
@@ -93,7 +71,7 @@ def test_shell_calls_over_a_workspace_thousands_deep_fail_clearly_and_leak_no_ui
     ws = tmp_path / "ws"
     (ws / "engine").mkdir(parents=True)
     (ws / "engine" / "__init__.py").write_text("x = 1\n")
-    _chain(ws / "nest", DEEP)
+    chain(ws / "nest", DEEP)
     before = _leases_held()
     for _ in range(5):
         out = run_shell("echo hi", ws, 30, AgentSandbox())
@@ -151,7 +129,7 @@ def test_preparing_binds_thousands_deep_is_refused_not_recursed_into(tmp_path, h
     descriptors, without recursion: a tree MAX_DEPTH deep is walked to its bottom, one thousands deep is a
     TreeError (before: RecursionError), and a link to a host file is neither chowned nor chmodded through."""
     tree = tmp_path / "tree"
-    _chain(tree, MAX_DEPTH)
+    chain(tree, MAX_DEPTH)
     (tree / "link").symlink_to(host_file)
     (tree / "dirlink").symlink_to(host_file.parent, target_is_directory=True)
     bottom = tree / ("d/" * MAX_DEPTH + "f")
@@ -162,7 +140,7 @@ def test_preparing_binds_thousands_deep_is_refused_not_recursed_into(tmp_path, h
     assert (tree / "link").lstat().st_uid == 54321  # the link itself, never its target
     _untouched(host_file)
 
-    _chain(bottom.parent / "deeper", DEEP)
+    chain(bottom.parent / "deeper", DEEP)
     with pytest.raises(TreeError, match=f"more than {MAX_DEPTH} deep"):
         P._chown_tree(tree, 54321)
     with pytest.raises(TreeError, match=f"more than {MAX_DEPTH} deep"):

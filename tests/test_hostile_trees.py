@@ -10,28 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from seis.workspace.tree import MAX_DEPTH, TreeError, copy_tree, remove_tree, scratch_dir, tree_files, tree_hash
-
-
-def _chain(root: Path, depth: int) -> Path:
-    """root/d/d/.../d, `depth` directories deep, made relative to each level (a path that long has no name)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(depth):
-        os.mkdir("d", dir_fd=fd)
-        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as f:
-        f.write("bottom")
-    os.close(fd)
-    return root
-
-
-@pytest.fixture(autouse=True)
-def _no_deep_leftovers(tmp_path: Path):
-    """pytest's own cleanup of old tmp_path directories recurses: leave it nothing deep."""
-    yield
-    remove_tree(tmp_path)
+from deep_trees import chain, no_deep_leftovers  # noqa: F401 (autouse)
+from seis.workspace.tree import (MAX_DEPTH, TreeError, copy_tree, remove_tree, scratch_dir, tree_files,
+                                 tree_hash)
 
 
 @pytest.fixture
@@ -47,7 +28,7 @@ def host_file(tmp_path: Path) -> Path:
 def test_a_tree_thousands_deep_is_refused_not_recursed_into(tmp_path, walk):
     tree = tmp_path / "tree"
     tree.mkdir()
-    _chain(tree, 3000)
+    chain(tree, 3000)
     with pytest.raises(TreeError, match=f"more than {MAX_DEPTH} directories deep"):
         walk(tree)
 
@@ -55,7 +36,7 @@ def test_a_tree_thousands_deep_is_refused_not_recursed_into(tmp_path, walk):
 def test_a_tree_at_the_depth_limit_is_still_an_engine_tree(tmp_path):
     tree = tmp_path / "tree"
     tree.mkdir()
-    _chain(tree, MAX_DEPTH - 1)
+    chain(tree, MAX_DEPTH - 1)
     assert tree_files(tree) == ["d/" * (MAX_DEPTH - 1) + "f"]
 
 
@@ -63,7 +44,7 @@ def test_remove_tree_removes_any_depth_and_kind_and_nothing_outside(tmp_path, ho
     host_dir_mode = stat.S_IMODE(host_file.parent.stat().st_mode)
     tree = tmp_path / "tree"
     tree.mkdir()
-    _chain(tree, 3000)
+    chain(tree, 3000)
     (tree / "link").symlink_to(host_file)
     (tree / "dirlink").symlink_to(host_file.parent, target_is_directory=True)
     os.mkfifo(tree / "fifo")
@@ -90,7 +71,7 @@ def test_remove_tree_of_a_link_removes_the_link_only(tmp_path, host_file):
 
 def test_a_scratch_dir_is_removed_whatever_was_left_in_it(tmp_path, host_file):
     with scratch_dir("seis-test-") as scratch:
-        _chain(scratch, 2000)
+        chain(scratch, 2000)
         (scratch / "link").symlink_to(host_file)
         (scratch / "d").chmod(0o500)
     assert not scratch.exists()

@@ -25,7 +25,8 @@ from seis.agents.llm.shell import run_shell
 from seis.agents.llm.tools import Toolbox
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.workspace import Report, prepare_workspace, tree_hash
-from seis.workspace.tree import MAX_DEPTH, remove_tree
+from deep_trees import DEEP, chain, no_deep_leftovers  # noqa: F401 (autouse)
+from seis.workspace.tree import MAX_DEPTH
 
 KEY = "sk-ant-api03-" + "Ab3dE9" * 6 + "xYz12AA"
 SPARSE = 64 * 2**20  # each flood file: exactly the per-file limit, so no per-file rule removes it
@@ -34,18 +35,6 @@ SPARSE = 64 * 2**20  # each flood file: exactly the per-file limit, so no per-fi
 def _ws(tmp_path: Path):
     return prepare_workspace(ENGINE_TEMPLATE, tmp_path / "session" / "workspace",
                              [Report("c0", 0, "## Earlier\nA report.\n", "retained")])
-
-
-def _chain(top: Path, depth: int) -> int:
-    """A chain top/a/a/.../a `depth` directories deep, made through descriptors (no path is ever that long);
-    returns a descriptor of its deepest directory."""
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(depth):
-        os.mkdir("a", dir_fd=fd)
-        child = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    return fd
 
 
 def _walk_lstat(root: Path):
@@ -164,7 +153,7 @@ def test_a_chain_deeper_than_the_recursion_limit_is_cut_and_the_rest_sanitized(t
 def test_deep_chains_raise_no_recursion_error_in_the_scan_the_tools_or_the_report(tmp_path):
     tree = tmp_path / "tree"
     tree.mkdir()
-    os.close(_chain(tree, 1500))
+    chain(tree, DEEP, name="a")
     found = find_secrets(tree, [KEY])
     assert found == [f"{'a/' * (MAX_DEPTH - 1)}a: more than {MAX_DEPTH} directories deep (not scanned)"], found
     box = Toolbox(tree)
@@ -174,9 +163,8 @@ def test_deep_chains_raise_no_recursion_error_in_the_scan_the_tools_or_the_repor
     # a cli agent's report "file" made a 1,500-deep directory: read as no report, and removed
     report = tmp_path / "SESSION_REPORT.md"
     report.mkdir()
-    os.close(_chain(report, 1500))
+    chain(report, DEEP)
     assert _read_report(report) == "" and not report.exists()
-    remove_tree(tree)  # pytest's own cleanup of old temporary directories recurses
 
 
 # --- the search tool ---------------------------------------------------------------------------------------------
