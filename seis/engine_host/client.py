@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..engine_import import check_engine_dir
-from ..sandbox import SandboxedProcess
+from ..sandbox import SandboxedProcess, WriteWatch
 from .policy import ENGINE_MOUNT, MODEL_MOUNT, WORKER, engine_policy, forbidden_paths
 
 MAX_REPLY_BYTES = 64 * 2**20   # one reply line; a longer one is an engine error, not host memory
@@ -75,6 +75,7 @@ class EngineProcess:
         self.policy = engine_policy(self.engine_dir, self.model_dir, self.options.get("device"), env,
                                     memory_bytes, cache_dir)
         self.box: SandboxedProcess | None = None
+        self.watch: WriteWatch | None = None
         self.proc: subprocess.Popen | None = None
         self.stderr_path: Path | None = None
         # One reply per request, so one line waits here at most: an engine writing lines nobody asked for fills
@@ -97,6 +98,7 @@ class EngineProcess:
         with os.fdopen(fd, "wb") as stderr:
             self.box = SandboxedProcess(argv, self.policy, stderr=stderr, forbidden=forbidden_paths())
             self.proc = self.box.start()
+        self.watch = WriteWatch(self.box, self.policy, extra=[self.stderr_path], what="its compile cache and log")
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
 
     def pids(self) -> list[int]:
@@ -114,7 +116,8 @@ class EngineProcess:
     def call(self, op: str, timeout_s: float | None = None, **payload) -> Any:
         if self.proc is None or self.proc.poll() is not None:
             code = None if self.proc is None else self.proc.returncode
-            raise EngineExited(f"engine process is not running{_status(code)}{self._stderr_tail()}", code)
+            raise EngineExited(f"engine process is not running{_status(code)}{self._watch_note()}{self._stderr_tail()}",
+                               code)
         if not self._lines.empty():
             self._protocol_broken(f"the engine wrote to its reply stream before '{op}' was asked")
         rid = secrets.token_hex(16)  # unpredictable: no reply can be written before its request exists
@@ -130,7 +133,8 @@ class EngineProcess:
             raise EngineTimeout(f"engine did not answer '{op}' within {timeout_s or self.timeout_s:.0f} s") from None
         if line is None:
             code = self._exit_status()
-            raise EngineExited(f"engine process exited during '{op}'{_status(code)}{self._stderr_tail()}", code)
+            raise EngineExited(f"engine process exited during '{op}'{_status(code)}{self._watch_note()}"
+                               f"{self._stderr_tail()}", code)
         if line is OVERSIZED:
             self._protocol_broken(f"reply to '{op}' is longer than {MAX_REPLY_BYTES // 2**20} MiB")
         try:
@@ -163,6 +167,8 @@ class EngineProcess:
 
     def close(self) -> None:
         """End the engine's whole sandbox (nothing of it needs a graceful exit) and drop its log."""
+        if self.watch is not None:
+            self.watch.stop()
         self.kill()
         if self.stderr_path:
             self.stderr_path.unlink(missing_ok=True)
@@ -183,6 +189,9 @@ class EngineProcess:
             return self.proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             return None
+
+    def _watch_note(self) -> str:
+        return f" ({self.watch.exceeded})" if self.watch is not None and self.watch.exceeded else ""
 
     def _stderr_tail(self, n: int = 1500) -> str:
         if self.stderr_path and self.stderr_path.exists():

@@ -14,6 +14,9 @@ HOST_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = HOST_DIR.parents[1]
 ENGINE_MOUNT, MODEL_MOUNT, HOST_MOUNT, CACHE_MOUNT = "/engine", "/model", "/seis-host", "/cache"
 WORKER = f"{HOST_MOUNT}/worker.py"
+# What an engine may write to the host's disk, its compile cache and its stderr log together (JIT caches of the
+# library's kernels take well under 1 GiB): past either bound its sandbox is killed (seis.sandbox.WriteWatch).
+ENGINE_WRITTEN_BYTES, ENGINE_WRITTEN_ENTRIES = 8 * 2**30, 100_000
 
 
 def cache_env(root: str) -> dict[str, str]:
@@ -54,7 +57,9 @@ def engine_policy(engine_dir: Path, model_dir: Path, device: str | None, env: Ma
         full_env.setdefault("TRITON_LIBCUDA_PATH", libcuda_dir())
         if not libcuda_dir().startswith(("/usr/", "/lib")):  # outside the system view: show it read-only
             binds.append(Bind(Path(libcuda_dir()), libcuda_dir()))
-    return SandboxPolicy(tuple(binds), full_env, cwd="/tmp", gpus=gpus, limits=Limits(memory_bytes=memory_bytes))
+    limits = Limits(memory_bytes=memory_bytes, max_written_bytes=ENGINE_WRITTEN_BYTES,
+                    max_written_entries=ENGINE_WRITTEN_ENTRIES)
+    return SandboxPolicy(tuple(binds), full_env, cwd="/tmp", gpus=gpus, limits=limits)
 
 
 def forbidden_paths() -> tuple[Path, ...]:

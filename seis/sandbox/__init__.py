@@ -13,7 +13,8 @@ from .gpus import sandbox_gpus
 from .policy import OFFLINE_ENV, Bind, Limits, SandboxPolicy, allowed_env
 from .process import (SandboxError, SandboxedProcess, frozen, interrupt, interrupt_on_exit_signal, interrupted,
                       kill_all, sweep_leftovers)
+from .write_watch import WriteWatch
 
 __all__ = ["INSTALL_HINT", "OFFLINE_ENV", "Bind", "Limits", "SandboxError", "SandboxPolicy", "SandboxUnavailable",
            "SandboxedProcess", "allowed_env", "bwrap_version", "frozen", "interrupt",
-           "interrupt_on_exit_signal", "interrupted", "kill_all", "sandbox_gpus", "sweep_leftovers"]
+           "interrupt_on_exit_signal", "interrupted", "kill_all", "sandbox_gpus", "sweep_leftovers", "WriteWatch"]

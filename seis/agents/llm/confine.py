@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPolicy, SandboxUnavailable, allowed_env,
                          sandbox_gpus)
+from ...sandbox import WriteWatch
 from ...sandbox.cgroup import host_memory_bytes
 from ...workspace import PEERS_DIR, REPORTS_DIR
 from ...workspace.tree import MAX_DEPTH, is_control_file, remove_tree, safe_mode
@@ -41,7 +42,6 @@ SCRATCH_HOME = "/tmp/home"
 AGENT_LIMITS = Limits(max_processes=1024, max_file_bytes=1 * 2**30, scratch_bytes=4 * 2**30, shm_bytes=1 * 2**30,
                       sandbox_memory_bytes=max(2 * 2**30, min(16 * 2**30, host_memory_bytes() // 2)),
                       max_written_bytes=2 * 2**30, max_written_entries=100_000)
-WATCH_PERIOD_S = 1.0
 MAX_OUTPUT_BYTES = 20_000
 
 
@@ -174,7 +174,7 @@ def run_confined(argv: list[str], policy: SandboxPolicy, timeout_s: float, *, st
     threading.Thread(target=feed, daemon=True).start()
     if on_start is not None:
         on_start(box)
-    watch = _DiskWatch(box, policy)
+    watch = WriteWatch(box, policy, what="its workspace")
     timed_out = False
     try:
         proc.wait(timeout=max(0.0, timeout_s))
@@ -196,60 +196,6 @@ def run_confined(argv: list[str], policy: SandboxPolicy, timeout_s: float, *, st
     err, cut2 = readers[1].result() if len(readers) > 1 else (b"", 0)
     return Confined(None if timed_out else proc.returncode, out, err, timed_out, cut + cut2,
                     time.monotonic() - t0, error, limit_note)
-
-
-class _DiskWatch:
-    """Kills the sandbox when what it wrote into its writable binds (the workspace, on the host's disk) grows past
-    Limits.max_written_bytes or Limits.max_written_entries: per-file limits alone would let an agent fill the
-    host's disk with many files. A file counts for the larger of its blocks on disk and its apparent size, so
-    sparse files (no disk used, but every host reader reads their full length) count too. Looks every
-    WATCH_PERIOD_S seconds; a look stops counting once over a limit."""
-
-    def __init__(self, box: SandboxedProcess, policy: SandboxPolicy):
-        self.box, self.limits = box, policy.limits
-        self.roots = [str(b.src) for b in policy.binds if b.writable]
-        self.exceeded: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        if self.roots and self.limits.max_written_bytes is not None:
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(WATCH_PERIOD_S):
-            why = self._over()
-            if why:
-                self.exceeded = f"the sandbox was killed: {why}"
-                try:
-                    self.box.kill()
-                except SandboxError:
-                    pass
-                return
-
-    def _over(self) -> str | None:
-        size = entries = 0
-        stack = list(self.roots)
-        while stack:
-            try:
-                with os.scandir(stack.pop()) as it:
-                    for entry in it:
-                        entries += 1
-                        st = entry.stat(follow_symlinks=False)
-                        size += max(st.st_blocks * 512, st.st_size)  # sparse files: their apparent size
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-                        if size > self.limits.max_written_bytes:
-                            return (f"its workspace grew past {self.limits.max_written_bytes / 2**30:.1f} GiB on disk "
-                                    "(apparent size of sparse files included)")
-                        if entries > self.limits.max_written_entries:
-                            return f"its workspace holds more than {self.limits.max_written_entries:,} entries"
-            except OSError:
-                continue
-        return None
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()  # its kill() must be over before the caller kills the sandbox again
 
 
 # --- after a session: the workspace as the host may use it ------------------------------------------------------

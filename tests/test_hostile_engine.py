@@ -1,8 +1,9 @@
-"""What a candidate engine writes on its reply stream, attacked as a hostile engine would: lines nobody asked for
-(a flood that would fill host memory if the host kept reading), a reply nested deeper than the JSON parser's stack,
-a line longer than any reply. Each ends in an EngineError and the engine killed, with host memory bounded. The
-engine code runs in the worker's process, so it can reach the stream however the worker hides it; these engines
-wrap the worker's own writer. CPU only, real sandboxes."""
+"""What a candidate engine can do to the host, attacked as a hostile engine would. On its reply stream: lines nobody
+asked for (a flood that would fill host memory if the host kept reading), a reply nested deeper than the JSON
+parser's stack, a line longer than any reply. The engine code runs in the worker's process, so it can reach the
+stream however the worker hides it; these engines wrap the worker's own writer. On the host's disk: its compile
+cache filled with sparse files (no disk used, but every reader reads their full length). Each ends in an
+EngineError and the engine killed, with host memory and disk bounded. CPU only, real sandboxes."""
 from __future__ import annotations
 
 import textwrap
@@ -78,3 +79,23 @@ def test_a_reply_the_host_cannot_trust_kills_the_engine(tmp_path, line, message)
         assert eng.pids() == []
         with pytest.raises(EngineError, match="not running"):
             eng.stats()
+
+
+def test_an_engine_filling_its_compile_cache_is_killed_and_the_error_says_why(tmp_path):
+    tree = copy_engine(tmp_path / "engine_dir")
+    init = tree / "engine" / "__init__.py"
+    init.write_text(init.read_text() + textwrap.dedent("""
+        import os, time
+        for i in range(64):  # 1 GiB each, sparse: nothing on disk, 64 GiB to read
+            with open(f"/cache/sparse{i}", "wb") as f:
+                f.truncate(2**30)
+        time.sleep(120)
+    """))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    t0 = time.monotonic()
+    with EngineProcess(tree, resolve_model("tiny-qwen3"), OPTIONS, timeout_s=60, cache_dir=cache) as eng:
+        with pytest.raises(EngineError, match="compile cache and log: more than 8.0 GiB"):
+            eng.build()
+        assert eng.pids() == []
+    assert time.monotonic() - t0 < 30  # killed by the watch, not by the call's time limit

@@ -1,0 +1,85 @@
+"""A bound on what a sandbox writes to the host's disk, all files together: per-file limits (RLIMIT_FSIZE) alone
+would let it fill the disk with many files. Agents' workspaces and engines' compile caches are watched alike."""
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Iterable
+
+from .policy import Limits, SandboxPolicy
+from .process import SandboxedProcess, SandboxError
+
+WATCH_PERIOD_S = 1.0
+
+
+class WriteWatch:
+    """Kills the sandbox when what it wrote under `roots` (by default its writable binds) grows past
+    Limits.max_written_bytes or Limits.max_written_entries. A file counts for the larger of its blocks on disk
+    and its apparent size, so sparse files (no disk used, but every host reader reads their full length) count
+    too. Looks every WATCH_PERIOD_S seconds, never following a link; a look stops counting once over a limit.
+    `exceeded` says why it killed the sandbox (None: it did not)."""
+
+    def __init__(self, box: SandboxedProcess, policy: SandboxPolicy, extra: Iterable[str | os.PathLike] = (),
+                 what: str = "its writable directories"):
+        self.box, self.limits, self.what = box, policy.limits, what
+        self.roots = [str(b.src) for b in policy.binds if b.writable] + [str(p) for p in extra]
+        self.exceeded: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if self.roots and self.limits.max_written_bytes is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_PERIOD_S):
+            why = over_limits(self.roots, self.limits, self.what)
+            if why:
+                self.exceeded = f"the sandbox was killed: {why}"
+                try:
+                    self.box.kill()
+                except SandboxError:
+                    pass
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()  # its kill() must be over before the caller kills the sandbox again
+
+
+def over_limits(roots: list[str], limits: Limits, what: str) -> str | None:
+    """Why what is under roots (directories, or files such as a log) is past the limits, or None."""
+    size = entries = 0
+
+    def why() -> str | None:
+        if size > limits.max_written_bytes:
+            return (f"{what}: more than {limits.max_written_bytes / 2**30:.1f} GiB on disk "
+                    "(apparent size of sparse files included)")
+        if entries > limits.max_written_entries:
+            return f"{what}: more than {limits.max_written_entries:,} entries"
+        return None
+
+    dirs = []
+    for root in roots:
+        try:
+            st = os.stat(root, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            dirs.append(root)
+        else:
+            size += max(st.st_blocks * 512, st.st_size)
+    while dirs:
+        try:
+            with os.scandir(dirs.pop()) as it:
+                for entry in it:
+                    st = entry.stat(follow_symlinks=False)
+                    entries += 1
+                    size += max(st.st_blocks * 512, st.st_size)  # sparse files: their apparent size
+                    if stat.S_ISDIR(st.st_mode):
+                        dirs.append(entry.path)
+                    if reason := why():
+                        return reason
+        except OSError:
+            continue
+    return why()
