@@ -1,6 +1,6 @@
-"""Directory chains deeper than Python's recursion limit, as a hostile agent or engine can leave them, and the
-cleanup the tests that make them need: pytest's own removal of old temporary directories recurses, so none may
-be left behind."""
+"""Directory chains deeper than Python's recursion limit, as a hostile agent or engine can leave them; the cleanup
+the tests that make them need (pytest's own removal of old temporary directories recurses, so none may be left
+behind); and the host file such trees aim at."""
 from __future__ import annotations
 
 import os
@@ -34,3 +34,14 @@ def no_deep_leftovers(tmp_path: Path):
     """Autouse in every module that imports it: the test's tmp_path is removed with remove_tree after it."""
     yield
     remove_tree(tmp_path)
+
+
+@pytest.fixture
+def host_file(tmp_path: Path) -> Path:
+    """A host secret (0600 in a 0700 directory) that links in a hostile tree point at: it must stay as it is."""
+    target = tmp_path / "host" / "keys.env"
+    target.parent.mkdir()
+    target.write_text("KEY=host-secret")
+    target.chmod(0o600)
+    target.parent.chmod(0o700)
+    return target

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deep_trees import DEEP, chain, no_deep_leftovers  # noqa: F401 (autouse)
+from deep_trees import DEEP, chain, host_file, no_deep_leftovers  # noqa: F401 (fixtures)
 from seis.sandbox import process as P
 from seis.workspace.tree import MAX_DEPTH, TreeError, remove_tree
 
@@ -28,16 +28,6 @@ def _hostile(root: Path, host_file: Path) -> None:
     (root / "locked" / "inner").mkdir(parents=True)
     (root / "locked" / "inner" / "f").write_text("x")
     (root / "locked").chmod(0o500)
-
-
-@pytest.fixture
-def host_file(tmp_path: Path) -> Path:
-    target = tmp_path / "host" / "keys.env"
-    target.parent.mkdir()
-    target.write_text("KEY=host-secret")
-    target.chmod(0o600)
-    target.parent.chmod(0o700)
-    return target
 
 
 def _untouched(host_file: Path) -> None:

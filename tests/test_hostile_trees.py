@@ -10,18 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from deep_trees import chain, no_deep_leftovers  # noqa: F401 (autouse)
+from deep_trees import chain, host_file, no_deep_leftovers  # noqa: F401 (fixtures)
 from seis.workspace.tree import (MAX_DEPTH, TreeError, copy_tree, remove_tree, scratch_dir, tree_files,
                                  tree_hash)
-
-
-@pytest.fixture
-def host_file(tmp_path: Path) -> Path:
-    target = tmp_path / "host" / "keys.env"
-    target.parent.mkdir()
-    target.write_text("KEY=host-secret")
-    target.chmod(0o600)
-    return target
 
 
 @pytest.mark.parametrize("walk", [tree_files, tree_hash, lambda root: copy_tree(root, root.parent / "copy")])
