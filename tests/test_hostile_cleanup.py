@@ -15,7 +15,8 @@ import pytest
 
 from deep_trees import DEEP, chain, host_file, no_deep_leftovers  # noqa: F401 (fixtures)
 from seis.sandbox import process as P
-from seis.workspace.tree import MAX_DEPTH, TreeError, remove_tree
+from seis.sandbox.process import TooDeep
+from seis.workspace.tree import MAX_DEPTH, remove_tree
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid leases, chown and chmod of binds happen only as root")
 
@@ -117,7 +118,7 @@ def test_any_failure_between_the_lease_and_the_start_releases_the_lease_and_the_
 def test_preparing_binds_thousands_deep_is_refused_not_recursed_into(tmp_path, host_file):
     """The walks that hand a writable bind to the sandbox's user and make a read-only one readable go through
     descriptors, without recursion: a tree MAX_DEPTH deep is walked to its bottom, one thousands deep is a
-    TreeError (before: RecursionError), and a link to a host file is neither chowned nor chmodded through."""
+    TooDeep (before: RecursionError), and a link to a host file is neither chowned nor chmodded through."""
     tree = tmp_path / "tree"
     chain(tree, MAX_DEPTH)
     (tree / "link").symlink_to(host_file)
@@ -131,9 +132,9 @@ def test_preparing_binds_thousands_deep_is_refused_not_recursed_into(tmp_path, h
     _untouched(host_file)
 
     chain(bottom.parent / "deeper", DEEP)
-    with pytest.raises(TreeError, match=f"more than {MAX_DEPTH} deep"):
+    with pytest.raises(TooDeep, match=f"more than {MAX_DEPTH} deep"):
         P._chown_tree(tree, 54321)
-    with pytest.raises(TreeError, match=f"more than {MAX_DEPTH} deep"):
+    with pytest.raises(TooDeep, match=f"more than {MAX_DEPTH} deep"):
         P._readable_by_others(tree)
     _untouched(host_file)
 

@@ -28,6 +28,10 @@ def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**kept, **OFFLINE_ENV}
 
 
+# How deep a tree written in a sandbox the host walks: deeper than any engine needs, far below Python's recursion
+# limit. A deeper tree is refused (seis.workspace.tree, and the binds prepared for a sandbox), never recursed into.
+MAX_DEPTH = 64
+
 @dataclass(frozen=True)
 class Bind:
     """A host path shown at `dest` inside the sandbox."""

@@ -22,10 +22,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..workspace.tree import MAX_DEPTH, TreeError
 from . import bwrap
 from .cgroup import MemoryCage
-from .policy import SAFE_PATH, SandboxPolicy
+from .policy import MAX_DEPTH, SAFE_PATH, SandboxPolicy
 
 UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), never a real account
 # One fixed place for the whole host (not $TMPDIR): every SEIS process must see the same leases, or two could
@@ -427,10 +426,14 @@ def interrupt_on_exit_signal() -> Iterator[None]:
 _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _too_deep(shown: str, rel: str) -> TreeError:
+class TooDeep(SandboxError, ValueError):
+    """A bind holds directories nested more than MAX_DEPTH deep: the sandbox does not start over it."""
+
+
+def _too_deep(shown: str, rel: str) -> TooDeep:
     parts = rel.split("/")
     where = "/".join(parts[:3] + ["..."] + parts[-1:]) if len(parts) > 4 else rel
-    return TreeError(f"{shown} holds directories nested more than {MAX_DEPTH} deep ({shown}/{where}); the sandbox "
+    return TooDeep(f"{shown} holds directories nested more than {MAX_DEPTH} deep ({shown}/{where}); the sandbox "
                      f"does not start over such a tree")
 
 
@@ -438,7 +441,7 @@ def _walk_dirs(root_fd: int, shown: str, visit) -> None:
     """Every directory under root_fd (not root_fd itself), without recursion and without following a link:
     each is opened relative to its parent's descriptor with O_NOFOLLOW (a directory swapped for a link is skipped)
     and handed to visit(fd) before its entries; every other entry goes to visit(None, dir_fd, name, st). A
-    directory nested more than MAX_DEPTH deep is a TreeError, so at most MAX_DEPTH + 2 descriptors are open."""
+    directory nested more than MAX_DEPTH deep is TooDeep, so at most MAX_DEPTH + 2 descriptors are open."""
     stack: list[tuple[int, list[str], str]] = []
     try:
         stack.append((os.dup(root_fd), os.listdir(root_fd), ""))
@@ -481,7 +484,7 @@ def _chown_tree(root: Path, uid: int, shown: str = "the writable bind") -> None:
     """Give a writable bind to the sandbox's user. This runs as root over what an earlier sandbox wrote, so it goes
     through descriptors opened without following links: a directory swapped for a link while it runs is skipped,
     never followed onto a host file. A link itself is left to the session's cleanup; a hard-linked file is not
-    given away (its other name may be anywhere). A tree nested more than MAX_DEPTH deep is a TreeError (shown: the
+    given away (its other name may be anywhere). A tree nested more than MAX_DEPTH deep is TooDeep (shown: the
     bind's mount point, for the message), never walked into a RecursionError."""
     def give(fd: int | None, dir_fd: int | None = None, name: str = "", st: os.stat_result | None = None) -> None:
         if fd is not None:

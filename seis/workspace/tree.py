@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..sandbox.policy import MAX_DEPTH  # a deeper tree is a TreeError
+
 IGNORED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
 IGNORED_SUFFIXES = (".pyc", ".pyo")
 SESSION_DIRS = frozenset({"reports", "peers"})  # top level only: session material, not engine code
@@ -34,9 +36,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in place of a file must not block the host
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 1 << 20
-# Deeper than any engine needs, far below Python's recursion limit: a tree nested thousands of levels deep is refused
-# (TreeError), never walked into a RecursionError that no caller expects.
-MAX_DEPTH = 64
 
 
 class TreeError(ValueError):
