@@ -310,3 +310,20 @@ def test_filling_the_host_disk_through_the_workspace_is_stopped(tmp_path, flood,
     assert done.limit_note and what in done.render(60), done.render(60)
     written = sum(p.stat().st_size for p in (ws.root / "engine").iterdir() if p.is_file())
     assert written < 64 * 2**20 + 200 * 2**20  # stopped within a look or two of the bound
+
+
+def test_an_exception_raised_while_a_command_runs_kills_its_sandbox(tmp_path):
+    """A step timeout raised into the waiting thread from outside, or an interrupt: the sandbox dies with the call
+    instead of running on, unwatched, after it."""
+    from seis.agents.llm.confine import run_confined
+    ws = _ws(tmp_path)
+    boxes = []
+
+    def started_then_interrupted(box):
+        boxes.append(box)
+        assert box.members()  # the command is running
+        raise TimeoutError("the step's time is up")
+
+    with pytest.raises(TimeoutError):
+        run_confined(["sleep", "60"], AgentSandbox().policy(ws.root), 30, on_start=started_then_interrupted)
+    assert boxes and boxes[0].members() == []

@@ -151,7 +151,7 @@ def run_confined(argv: list[str], policy: SandboxPolicy, timeout_s: float, *, st
                  max_output_bytes: int = MAX_OUTPUT_BYTES, merge_stderr: bool = True,
                  on_start=None) -> Confined:
     """argv in a fresh sandbox under policy, for at most timeout_s seconds; the sandbox is always killed before
-    this returns, so nothing the command started outlives the call. Never raises for the command's sake."""
+    this returns or raises, so nothing the command started outlives the call. Never raises for the command's sake."""
     import subprocess
     t0 = time.monotonic()
     box = SandboxedProcess(argv, policy, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
@@ -171,15 +171,24 @@ def run_confined(argv: list[str], policy: SandboxPolicy, timeout_s: float, *, st
             proc.stdin.close()
         except (OSError, ValueError):
             pass
-    threading.Thread(target=feed, daemon=True).start()
-    if on_start is not None:
-        on_start(box)
-    watch = WriteWatch(box, policy, what="its workspace")
-    timed_out = False
+    watch, timed_out = None, False
     try:
-        proc.wait(timeout=max(0.0, timeout_s))
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        threading.Thread(target=feed, daemon=True).start()
+        if on_start is not None:
+            on_start(box)
+        watch = WriteWatch(box, policy, what="its workspace")
+        try:
+            proc.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    except BaseException:  # an interrupt, or a timeout raised into this thread from outside: the sandbox dies too
+        if watch is not None:
+            watch.stop()
+        try:
+            box.kill()
+        except SandboxError:
+            pass
+        raise
     watch.stop()
     error = None
     try:
