@@ -145,7 +145,8 @@ def _stub_gate(monkeypatch, plant) -> None:
     would (it gets the candidate's cache dir), and the gate's verdict is a plain 'fail'."""
     from seis.evaluator import gate as G
     monkeypatch.setattr(G, "_setup", lambda config, tmp, roles: SimpleNamespace(model_dir=tmp, cache_root=tmp))
-    monkeypatch.setattr(G, "load_gate_workloads", lambda config, model_dir: SimpleNamespace(budget=SimpleNamespace(max_seq_len=64)))
+    workloads = SimpleNamespace(budget=SimpleNamespace(max_seq_len=64))
+    monkeypatch.setattr(G, "load_gate_workloads", lambda config, model_dir: workloads)
     monkeypatch.setattr(G, "read_model_limits", lambda model_dir: (0, 0))
     engine = SimpleNamespace(role="candidate", close=lambda: None)
     monkeypatch.setattr(G, "_handles", lambda config, setup, max_seq_len, trusted, held: {"candidate": engine})
