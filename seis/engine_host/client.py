@@ -132,6 +132,8 @@ class EngineProcess:
             self.kill()
             raise EngineTimeout(f"engine did not answer '{op}' within {timeout_s or self.timeout_s:.0f} s") from None
         if line is None:
+            if self.watch is not None:
+                self.watch.stop()  # if it killed the engine, its kill is over: nothing of the sandbox is left
             code = self._exit_status()
             raise EngineExited(f"engine process exited during '{op}'{_status(code)}{self._watch_note()}"
                                f"{self._stderr_tail()}", code)

@@ -59,7 +59,7 @@ class Limits:
     # lets SEIS make one, else RLIMIT_AS per process for a sandbox without GPUs; None: no such bound
     sandbox_memory_bytes: int | None = None
     # What the sandbox may write into its writable binds (host disk), all files together: its runner kills it past
-    # either bound (seis.agents.llm.confine watches agent sandboxes); None: not watched
+    # either bound (seis.sandbox.WriteWatch, for agent and engine sandboxes); None: not watched
     max_written_bytes: int | None = None
     max_written_entries: int = 100_000
 
