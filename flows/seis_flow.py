@@ -44,6 +44,7 @@ from seis.session.resume import clear, finished
 from seis.session.rounds import run_rounds
 from seis.session.status import FINISHED_FAILED_NOTE
 from seis.store import SnapshotStore
+from seis.tables import printable
 from tasks.artifacts import stable_key
 from tasks.attempts import begin_attempt
 from tasks.cancel import CancelWatch
@@ -157,7 +158,7 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
             with interrupt_on_exit_signal():   # a gate in flight ends now, not when Prefect's threads are joined
                 vanilla, outcomes, failures = _sessions(config, run, resumed)
             if failures:
-                message = "; ".join(failures)
+                message = printable("; ".join(failures))  # can quote an engine's or an agent's words
                 run.set_status("failed", sessions_done=run.sessions_recorded(), message=message)
                 print(f"run stopped: {message}")
                 return Failed(message=f"{message} (the finished sessions are recorded; continue with "

@@ -11,13 +11,17 @@ from typing import Literal, Optional, Union, get_args, get_origin
 import typer
 from pydantic_core import PydanticUndefined
 
+from .tables import printable
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="SEIS: self-evolving inference systems.")
 models_app = typer.Typer(no_args_is_help=True, help="Model assets (prepared locally; no hub needed).")
 app.add_typer(models_app, name="models")
 
 
 def _fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    """Print the error and exit. A message can quote a candidate engine (its error, its stderr's tail) or an agent:
+    shown through printable, so no escape sequence or bidi control in it reaches the terminal."""
+    typer.secho(f"error: {printable(message)}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
 
@@ -73,7 +77,7 @@ def generate(
                                                   top_p=top_p, seed=seed))[0]
     except (ModelError, EngineError, ValueError) as e:
         _fail(str(e))
-    typer.echo(tokenizer.decode(out["token_ids"], skip_special_tokens=True))
+    typer.echo(printable(tokenizer.decode(out["token_ids"], skip_special_tokens=True)))  # an engine's output
 
 
 @app.command()
@@ -110,7 +114,7 @@ def gate(
         _fail(f"{e} (free memory and run the gate again)")
     if json_out is not None:
         json_out.write_text(result.model_dump_json(indent=2) + "\n")
-    typer.echo(render_gate(result))
+    typer.echo(printable(render_gate(result)))
     raise typer.Exit(0 if result.verdict == "pass" else 1)
 
 
@@ -168,13 +172,13 @@ def post_validate(
         _fail(str(e))
     except EngineError as e:  # an engine that crashes or misbehaves: say so, exit 1, no traceback
         _fail(f"engine failed during post-validation: {e}", code=1)
-    typer.echo(accuracy_markdown(result))
-    typer.echo(speed_markdown(result))
+    typer.echo(printable(accuracy_markdown(result)))
+    typer.echo(printable(speed_markdown(result)))
     for note in result.notes:
-        typer.echo(f"note: {note}")
+        typer.echo(f"note: {printable(note)}")
     typer.echo(f"wrote {len(result.files)} files to {out} in {result.wall_s:.0f} s")
     if result.flags:
-        typer.secho("flagged: " + "; ".join(result.flags), fg=typer.colors.YELLOW, err=True)
+        typer.secho("flagged: " + printable("; ".join(result.flags)), fg=typer.colors.YELLOW, err=True)
 
 
 def _run_config_options(command):
@@ -240,7 +244,7 @@ def evolve(
                 if recorded is not None and recorded.note == FINISHED_FAILED_NOTE
                 else f" (continue with: seis evolve --resume {config.out})")
         _fail(f"{state.message or f'the run ended {state.name}'}{hint}", code=1)
-    typer.echo(f"run directory: {state.result()}")
+    typer.echo(f"run directory: {printable(state.result())}")
 
 
 @app.command()
@@ -249,7 +253,7 @@ def timeline(run_dir: Path = typer.Argument(..., help="A run directory (finished
     from .session.timeline import gate_spans, timeline_markdown
     if not (run_dir / "config.json").is_file():
         _fail(f"{run_dir} is not a SEIS run directory (no config.json)")
-    typer.echo(timeline_markdown(gate_spans(run_dir)))
+    typer.echo(printable(timeline_markdown(gate_spans(run_dir))))
 
 
 def _evolve_preflight(values: dict, resume: Optional[Path]):

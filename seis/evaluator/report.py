@@ -78,7 +78,7 @@ def render_gate(result: GateResult) -> str:
         lines.append(f"VERDICT: FAIL ({len(result.failed_checks)} of {len(result.checks)} checks failed)")
         for c in result.checks:
             if not c.passed:
-                lines.append(f"  {c.name}: value {_num(c.value)}, threshold {c.threshold} — {c.detail}")
+                lines.append(f"  {c.name}: value {_num(c.value)}, threshold {c.threshold} — {_cell(c.detail, 300)}")
     return "\n".join(lines)
 
 

@@ -34,8 +34,10 @@ def stable_prefix(flow_name: str | None, deployment_name: str | None) -> str:
 
 
 def rounded(row: dict) -> dict:
-    """A summary row for display: speedups to 3 decimals, wall seconds to 1."""
-    return {k: (round(v, ROUNDING[k]) if k in ROUNDING and isinstance(v, float) else v) for k, v in row.items()}
+    """A summary row for display (the table artifact): speedups to 3 decimals, wall seconds to 1, text one line of
+    printable characters (a reason or change name can quote an agent or an engine)."""
+    return {k: (round(v, ROUNDING[k]) if k in ROUNDING and isinstance(v, float)
+                else tables.printable(v, multiline=False) if isinstance(v, str) else v) for k, v in row.items()}
 
 
 def fence(text: str, lang: str = "text") -> str:
@@ -50,7 +52,11 @@ def _x(v: float | None) -> str:
 
 
 def session_markdown(outcome: SessionOutcome, measurements: str, session_dir: Path) -> str:
-    """The session artifact: the facts, then the agent's report with the gate's measurements in a code fence."""
+    """The session artifact: the facts (table cells: tables.md_cell), the agent's report and the gate's
+    measurements, each as text in a code fence it cannot close: an orchestrator's UI shows the agent's words but
+    renders none of them (no HTML, link, image, heading, table row or verdict line of the agent's making, no control
+    character: tables.printable)."""
+    from ..agents.report import split_report
     status = "retained" if outcome.retained else "rejected, the chain keeps its parent"
     facts = [
         ("verdict", f"{outcome.verdict} ({status})"),
@@ -66,12 +72,13 @@ def session_markdown(outcome: SessionOutcome, measurements: str, session_dir: Pa
     ]
     lines = [f"# {run_label(outcome.chain, outcome.session)}: {outcome.verdict}", "",
              tables.markdown(("", ""), facts), ""]
-    report, shown = outcome.report.markdown, measurements.strip()
-    if shown and shown in report:
-        report = report.replace(shown, fence(shown), 1)
-    elif shown:
-        report = report.rstrip("\n") + "\n\n## Gate\n\n" + fence(shown) + "\n"
-    return "\n".join(lines) + "\n## Report\n\n" + report.strip("\n") + "\n"
+    agent, table = split_report(outcome.report.markdown)  # table: the gate's part of report.md, when laid out so
+    lines += ["## Report", "", "The agent's report as it wrote it, shown as text:", "",
+              fence(tables.printable(agent), "markdown")]
+    gate = (table or measurements).strip()
+    if gate:
+        lines += ["", "## Gate", "", fence(tables.printable(gate))]
+    return "\n".join(lines) + "\n"
 
 
 def summary_artifact_markdown(run_id: str, protocol: str, run_root: Path, summary_md: str, figure: Path | None,
@@ -82,8 +89,8 @@ def summary_artifact_markdown(run_id: str, protocol: str, run_root: Path, summar
     noise = " (within noise: no gain shown beyond its gate's noise)" if best_within_noise else ""
     best_line = (f"Best retained engine: `{best.snapshot}` ({run_label(best.chain, best.session)}, dev speedup vs "
                  f"vanilla {_x(best.dev_speedup_vs_vanilla)}{noise})" if best else "No engine was retained.")
-    if failure:
-        best_line = f"**Run failed:** {failure}\n\n{best_line}"
+    if failure:  # it can quote what an agent or an engine said: text in a fence
+        best_line = f"**Run failed:**\n\n{fence(tables.printable(failure))}\n\n{best_line}"
     return "\n".join([
         f"# SEIS {protocol} run `{run_id}`", "", best_line, "",
         f"Chain figure: `{figure}`" if figure else "Chain figure: none", "",

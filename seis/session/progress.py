@@ -112,8 +112,10 @@ def session_line(outcome: SessionOutcome, notes: str, noise: GainNoise = GainNoi
                  best: SessionOutcome | None = None, best_within_noise: bool = False) -> str:
     """`[c1 s2] <notes> -> pass, retained (2f07be636240d250); vs parent 1.04x (within noise), vs vanilla 1.52x;
     best so far 1.52x (c1/s2)`."""
+    from ..tables import printable
     from .display import run_label
     status = "retained" if outcome.retained else "kept parent"
+    notes = printable(notes, multiline=False)  # an agent's end reason or a file name it left: shown, never obeyed
     best_text = "none retained" if best is None else \
         f"{speedup_text(best.dev_speedup_vs_vanilla, best_within_noise)} ({run_label(best.chain, best.session)})"
     return (f"[{outcome.chain} s{outcome.session}] {notes} -> {outcome.verdict}, {status} ({outcome.snapshot}); "
@@ -137,7 +139,9 @@ def progress_line(session_dir: Path, notes: str, outcome: SessionOutcome) -> str
 
 # ---- how a run ends ------------------------------------------------------------------------------------------------
 def _one_line(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
+    """One line of printable characters (a reason can quote an agent, an engine or a file name)."""
+    from ..tables import printable
+    text = printable(" ".join(text.split()), multiline=False)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

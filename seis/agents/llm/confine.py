@@ -385,4 +385,8 @@ def _bad_name(name: str) -> str | None:
 
 
 def _printable(s: str) -> str:
-    return s.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(s, str) else repr(s)
+    """A name from the agent's tree as a problem line shows it (to agents, in reports and on the operator's
+    terminal): control and bidi characters as escapes (tables.printable), so a name cannot clear a screen or
+    rewrite a line."""
+    from ...tables import printable
+    return printable(s, multiline=False) if isinstance(s, str) else repr(s)
