@@ -544,3 +544,26 @@ def test_engine_replies_must_answer_the_current_request(tmp_path: Path) -> None:
         with pytest.raises(EngineError, match="does not answer the current|reply stream before 'stats'"):
             eng.stats()
         assert eng.pids() == []
+
+
+def test_a_second_kill_never_reaches_the_sandbox_that_took_over_its_uid_or_pids() -> None:
+    """kill() runs once: called again after its sandbox is gone, it must not signal by the uid, pids or namespace
+    that were its own, for another sandbox may hold them by then (here the next sandbox gets the freed uid)."""
+    policy = SandboxPolicy(binds=(), env=allowed_env())
+    first = SandboxedProcess(["/bin/sleep", "120"], policy)
+    first.start()
+    first.kill()
+    assert first.members() == []
+    second = SandboxedProcess(["/bin/sleep", "120"], policy)
+    second.start()
+    try:
+        if os.geteuid() == 0:
+            assert second.uid == first.uid  # the freed uid is leased again: the case under test
+        deadline = time.monotonic() + 10
+        while len(members := second.members()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first.kill()
+        time.sleep(0.5)
+        assert second.alive() and second.members() == members
+    finally:
+        second.kill()

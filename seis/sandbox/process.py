@@ -82,6 +82,14 @@ def _pid_ns(pid: int) -> str | None:
         return None
 
 
+def _pidfd(pid: int) -> int | None:
+    """A descriptor of the process pid is now (None if it is gone already)."""
+    try:
+        return os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return None
+
+
 def _uid_of(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -210,6 +218,9 @@ class SandboxedProcess:
         self.uid: int | None = None
         self.init_pid: int | None = None   # the namespace's first process, as the host sees it
         self._ns: str | None = None
+        # init_pid as a pidfd: a signal through it reaches that process or none, never one that took its pid since
+        self._init_fd: int | None = None
+        self._kill_lock, self._ended = threading.Lock(), False
         self._lease: _UidLease | None = None
         self.cage: MemoryCage | None = None   # the memory cgroup bounding the whole sandbox, when there is one
         self._oom_kills = 0
@@ -273,6 +284,7 @@ class SandboxedProcess:
         try:
             self.init_pid = int(json.loads(raw)["child-pid"])
             self._ns = _pid_ns(self.init_pid)
+            self._init_fd = _pidfd(self.init_pid) if self._ns is not None else None
         except (ValueError, KeyError, TypeError):
             self.kill()  # whatever bwrap got to start before it failed (or was killed)
             raise SandboxError(f"the sandbox did not start (bwrap exit {self.proc.returncode}); "
@@ -330,21 +342,33 @@ class SandboxedProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self, timeout_s: float = 10.0) -> None:
-        """End the whole tree; raises SandboxError if any process of it is still there after timeout_s."""
-        if self.proc is None:
-            return
+        """End the whole tree; raises SandboxError if any process of it is still there after timeout_s. Once only:
+        a later call (or one from another thread meanwhile) does nothing, for by then the uid, the pids and the
+        namespace may be another sandbox's."""
+        with self._kill_lock:
+            if self.proc is None or self._ended:
+                return
+            try:
+                self._kill_once(timeout_s)
+            finally:
+                self._ended = True
+
+    def _kill_once(self, timeout_s: float) -> None:
         with _STARTED_LOCK:
             _STARTED.discard(self)
-        if self.init_pid is not None:
+        # Never a signal by a bare pid of a process that may be gone: pids are reused (32,768 of them on many
+        # hosts), and a second kill() would otherwise reach whichever sandbox's launcher took the number since.
+        if self._init_fd is not None:
             try:
-                os.kill(self.init_pid, signal.SIGKILL)  # the kernel then kills the whole PID namespace
+                signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)  # the kernel then kills the whole namespace
             except ProcessLookupError:
                 pass
-        self._signal_all(signal.SIGKILL)  # belt and braces: a frozen member dies on SIGKILL too
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self._signal_all(signal.SIGKILL)  # by namespace; belt and braces: a frozen member dies on SIGKILL too
+        if self.proc.returncode is None:  # not reaped yet, so its pid (and group) are still its own
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.proc.wait()
         deadline = time.monotonic() + timeout_s
         while (left := self.members()) and time.monotonic() < deadline:
@@ -357,6 +381,7 @@ class SandboxedProcess:
         self._release()
         if left:
             raise SandboxError(f"sandbox processes {left} survived SIGKILL for {timeout_s:.0f} s")
+        self._ns = None  # gone: members() is empty, whatever namespace takes its number next
 
     def oom_kills(self) -> int:
         """Processes of this sandbox the kernel killed at its memory bound (0 without a memory cgroup); after
@@ -364,6 +389,9 @@ class SandboxedProcess:
         return self.cage.oom_kills() if self.cage is not None else self._oom_kills
 
     def _release(self) -> None:
+        if self._init_fd is not None:
+            os.close(self._init_fd)
+            self._init_fd = None
         if self.cage is not None:
             self._oom_kills = self.cage.oom_kills()
             self.cage.remove()
