@@ -202,3 +202,15 @@ def test_search_globs_still_work_and_a_walk_is_bounded(tmp_path, monkeypatch):
     for name, args in (("list_files", {}), ("search", {"pattern": "zzz-no-such"})):
         out = box.call(name, args)
         assert not out.is_error and "stopped after looking at 100 entries" in out.text, (name, out.text[-300:])
+
+
+def test_file_names_with_bidi_or_zero_width_characters_are_removed(tmp_path):
+    """A name that shows as another (U+202E reverses what follows it; a zero-width space hides in a look-alike)
+    never reaches a diff, a report or the store; a name in another script stays."""
+    ws = _ws(tmp_path)
+    for name in ("exploit\u202eyp.txt", "model\u200b.py", "modèle_量.py"):
+        (ws.root / "engine" / name).write_text("x = 1\n")
+    problems = sanitize_workspace(ws.root)
+    assert len(problems) == 2 and all("control characters" in p and "\\u20" in p for p in problems), problems
+    left = {p.name for p in (ws.root / "engine").iterdir()}
+    assert "modèle_量.py" in left and not left & {"exploit\u202eyp.txt", "model\u200b.py"}

@@ -379,8 +379,8 @@ def _bad_name(name: str) -> str | None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return "a file name that is not UTF-8"
-    if any(c in name for c in "\n\r\t") or any(ord(c) < 32 for c in name):
-        return "a file name with control characters"
+    if not name.isprintable():  # C0/C1 controls, DEL, and the format characters: bidi overrides, zero-width ones
+        return "a file name with control characters (bidi overrides and other format characters included)"
     return None
 
 
