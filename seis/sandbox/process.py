@@ -472,7 +472,8 @@ def _walk_dirs(root_fd: int, shown: str, visit) -> None:
     directory nested more than MAX_DEPTH deep is TooDeep, so at most MAX_DEPTH + 2 descriptors are open."""
     stack: list[tuple[int, list[str], str]] = []
     try:
-        stack.append((os.dup(root_fd), os.listdir(root_fd), ""))
+        names = os.listdir(root_fd)  # before the dup: a failing listing leaves no descriptor open
+        stack.append((os.dup(root_fd), names, ""))
         while stack:
             fd, names, prefix = stack[-1]
             if not names:
