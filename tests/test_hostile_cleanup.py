@@ -179,7 +179,7 @@ def test_a_run_scratch_dir_full_of_hostile_trees_is_removed_without_error(tmp_pa
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     run_dir = tmp_path / "run"
-    left = resources.scratch_dir(run_dir)
+    left = resources.run_scratch_path(run_dir)
     _hostile(left, host_file)  # what an attempt killed mid-run left
     with resources.scratch(run_dir) as root:
         assert root == left and list(root.iterdir()) == []

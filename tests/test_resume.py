@@ -23,7 +23,7 @@ import pytest
 import flows  # noqa: F401  (SEIS's Prefect settings, before the test server starts)
 
 from seis.run_config import RunConfig
-from seis.session.resources import scratch_dir
+from seis.session.resources import run_scratch_path
 
 LIBRARY = Path(__file__).resolve().parents[1] / "seis" / "agents" / "offline" / "library"
 
@@ -83,7 +83,7 @@ def test_resume_after_a_host_failure_redoes_only_the_unfinished_session(harness,
     assert not (run / "chains" / "c1" / "000" / "outcome.json").exists()      # not recorded as a rejection
     assert not (run / "summary.parquet").exists() and not (run / "chains" / "c0" / "001").exists()
     first_c0 = (run / "chains" / "c0" / "000" / "outcome.json").stat().st_mtime_ns
-    assert not scratch_dir(run).exists()
+    assert not run_scratch_path(run).exists()
 
     # the same output dir without resume is refused, naming the resume parameter
     refused = seis(config, return_state=True)
@@ -112,7 +112,7 @@ def test_resume_after_a_host_failure_redoes_only_the_unfinished_session(harness,
     assert (run / "figures" / "chain_speedups.png").is_file() and json.loads((run / "best.json").read_text())
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "complete" and status["resumes"] == 1 and status["sessions_done"] == 4
-    assert not scratch_dir(run).exists()
+    assert not run_scratch_path(run).exists()
 
 
 def test_flow_parameters_override_one_at_a_time_with_the_same_validation(harness, tmp_path):
@@ -203,7 +203,7 @@ def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared
     waited = [float(line.split("after waiting ")[1].split(" s")[0]) for line in out.splitlines()
               if "GPU slot acquired after waiting" in line]
     assert waited and max(waited) < LEASE_S / 4, out
-    assert not scratch_dir(run).exists()
+    assert not run_scratch_path(run).exists()
 
 
 @pytest.mark.slow

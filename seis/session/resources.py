@@ -105,7 +105,7 @@ def _write(path: Path, data: dict) -> None:
 
 
 # ---- the run's scratch directory ----------------------------------------------------------------------------------
-def scratch_dir(run_dir: Path) -> Path:
+def run_scratch_path(run_dir: Path) -> Path:
     """Where a run's temporary files go (gate copies, engine logs): one directory per run directory, outside it
     (the engine sandbox never shows the checkout, where runs/ usually lies), removed when the run ends and, if
     its process was killed, by the next attempt."""
@@ -139,7 +139,7 @@ def scratch(run_dir: Path):
     `tempfile` then points at the latest one still working, and since a run's files can lie in another run's dir,
     the dirs of ended runs are removed only when no run of the process is left working."""
     global _original_tempdir
-    root = scratch_dir(run_dir)
+    root = run_scratch_path(run_dir)
     with _scratch_lock:
         if not _active:
             _original_tempdir = tempfile.tempdir

@@ -96,7 +96,7 @@ def patch_base(base_dir: str, t: Transformation) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _with_applied(base_dir: str, chain: tuple[Transformation, ...], targets: tuple[str, ...]) -> str:
-    tree = Path(_scratch_dir())
+    tree = Path(_patch_base_dir())
     for rel in sorted({rel for x in chain for rel in x.target_files} | set(targets)):
         if (Path(base_dir) / rel).is_file():
             (tree / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +108,7 @@ def _with_applied(base_dir: str, chain: tuple[Transformation, ...], targets: tup
     return str(tree)
 
 
-def _scratch_dir() -> str:
+def _patch_base_dir() -> str:
     path = tempfile.mkdtemp(prefix="seis-patch-base-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
