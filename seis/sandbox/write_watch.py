@@ -2,6 +2,7 @@
 would let it fill the disk with many files. Agents' workspaces and engines' compile caches are watched alike."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -9,6 +10,7 @@ from collections.abc import Iterable
 
 from .policy import Limits, SandboxPolicy
 from .process import SandboxedProcess, SandboxError
+from .walk import Unreadable, walk
 
 WATCH_PERIOD_S = 1.0
 
@@ -59,27 +61,27 @@ def over_limits(roots: list[str], limits: Limits, what: str) -> str | None:
             return f"{what}: more than {limits.max_written_entries:,} entries"
         return None
 
-    dirs = []
     for root in roots:
         try:
             st = os.stat(root, follow_symlinks=False)
         except OSError:
             continue
-        if stat.S_ISDIR(st.st_mode):
-            dirs.append(root)
-        else:
+        if not stat.S_ISDIR(st.st_mode):
             size += max(st.st_blocks * 512, st.st_size)
-    while dirs:
-        try:
-            with os.scandir(dirs.pop()) as it:
-                for entry in it:
-                    st = entry.stat(follow_symlinks=False)
-                    entries += 1
-                    size += max(st.st_blocks * 512, st.st_size)  # sparse files: their apparent size
-                    if stat.S_ISDIR(st.st_mode):
-                        dirs.append(entry.path)
-                    if reason := why():
-                        return reason
-        except OSError:
             continue
+        # No depth cap: a chain of any depth counts in full (it is iterative, and entries are bounded).
+        for item in walk(root, max_depth=None, ordered=False):
+            if isinstance(item, Unreadable):
+                if item.error.errno in (errno.ENOENT, errno.ENOTDIR):
+                    continue  # removed while the watch looked
+                # Past PATH_MAX, say: what lies below would go uncounted.
+                return f"{what}: a directory the watch cannot list ({item.error.strerror or item.error})"
+            try:  # TooDeep never comes: no cap
+                st = item.dir_entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            entries += 1
+            size += max(st.st_blocks * 512, st.st_size)  # sparse files: their apparent size
+            if reason := why():
+                return reason
     return why()

@@ -22,7 +22,8 @@ import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ...workspace.tree import MAX_DEPTH
+from ...sandbox.policy import MAX_DEPTH
+from ...sandbox.walk import TooDeep, Unreadable, walk
 
 SECRET_NAME = re.compile(r"(API_KEY|AUTH_TOKEN|ACCESS_TOKEN|SECRET|PASSWORD|CREDENTIAL|_TOKEN$|_KEY$)",
                          re.IGNORECASE)
@@ -166,54 +167,45 @@ def find_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list
     matcher = SecretSet(secret_values() if secrets is None else secrets)
     found: list[str] = []
     budget = MAX_SCAN_TOTAL_BYTES
-    stack = [(root, 0)]
-    while stack:
-        directory, depth = stack.pop()
-        drel = directory.relative_to(root).as_posix()
-        try:
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as e:
-            found.append(f"{drel}: unreadable directory ({e.strerror or e})")
+    for item in walk(root):
+        if isinstance(item, Unreadable):
+            found.append(f"{item.path.relative_to(root).as_posix()}: unreadable directory "
+                         f"({item.error.strerror or item.error})")
             continue
-        subdirs = []
-        for entry in entries:
-            path = Path(entry.path)
-            rel = path.relative_to(root).as_posix()
-            try:
-                if entry.is_symlink():
-                    link = os.readlink(path)
-                    why = matcher.find(link.encode("utf-8", "surrogateescape"))
-                    found.append(f"{rel}: symlink (not scanned)" + (f"; its target names {why}" if why else ""))
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    if depth + 1 >= MAX_DEPTH:
-                        found.append(f"{rel}: more than {MAX_DEPTH} directories deep (not scanned)")
-                    else:
-                        subdirs.append(path)
-                    continue
-                if not entry.is_file(follow_symlinks=False):
-                    found.append(f"{rel}: not a regular file (not scanned)")
-                    continue
-                size = entry.stat(follow_symlinks=False).st_size
-                if size > MAX_SCAN_BYTES:
-                    found.append(f"{rel}: {size} bytes, too large to scan")
-                    continue
-                if size > budget:
-                    found.append(f"{rel}: not scanned, the tree holds more than "
-                                 f"{MAX_SCAN_TOTAL_BYTES // 2**20} MiB to scan")
-                    continue
-                data = _read_nofollow(path, size)
-            except OSError as e:
-                found.append(f"{rel}: unreadable ({e.strerror or e})")
+        rel = item.path.relative_to(root).as_posix()
+        if isinstance(item, TooDeep):
+            found.append(f"{rel}: more than {MAX_DEPTH} directories deep (not scanned)")
+            continue
+        entry = item.dir_entry
+        try:
+            if entry.is_symlink():
+                link = os.readlink(entry.path)
+                why = matcher.find(link.encode("utf-8", "surrogateescape"))
+                found.append(f"{rel}: symlink (not scanned)" + (f"; its target names {why}" if why else ""))
                 continue
-            budget -= len(data)
-            why = matcher.find(data) or matcher.find(rel.encode("utf-8", "surrogateescape"))
-            if why is None and _shapes(data):
-                why = "a key-shaped string"
-            if why:
-                found.append(f"{rel}: {why}")
-        stack.extend((d, depth + 1) for d in reversed(subdirs))  # popped in sorted order
+            if entry.is_dir(follow_symlinks=False):
+                continue  # walk() enters it
+            if not entry.is_file(follow_symlinks=False):
+                found.append(f"{rel}: not a regular file (not scanned)")
+                continue
+            size = entry.stat(follow_symlinks=False).st_size
+            if size > MAX_SCAN_BYTES:
+                found.append(f"{rel}: {size} bytes, too large to scan")
+                continue
+            if size > budget:
+                found.append(f"{rel}: not scanned, the tree holds more than "
+                             f"{MAX_SCAN_TOTAL_BYTES // 2**20} MiB to scan")
+                continue
+            data = _read_nofollow(item.path, size)
+        except OSError as e:
+            found.append(f"{rel}: unreadable ({e.strerror or e})")
+            continue
+        budget -= len(data)
+        why = matcher.find(data) or matcher.find(rel.encode("utf-8", "surrogateescape"))
+        if why is None and _shapes(data):
+            why = "a key-shaped string"
+        if why:
+            found.append(f"{rel}: {why}")
     return found
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ...sandbox.walk import Entry, TooDeep, walk
 from ...workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES, MAX_DEPTH
 from .confine import AgentSandbox
 from .paths import ToolError, confine, rel
@@ -359,31 +360,18 @@ def _files_under(root: Path, base: Path, notes: list[str]) -> Iterator[Path]:
     """The regular files under base (a directory of the workspace at root), directory by directory in sorted
     order, skipping caches. Hostile trees are bounded: no link is followed or listed, nothing deeper than
     MAX_DEPTH levels is entered, and at most MAX_VISIT entries are looked at (each limit reached adds a note)."""
-    stack, seen = [(base, 0)], 0
-    while stack:
-        directory, depth = stack.pop()
-        try:
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue  # unreadable, or a path too long to name
-        subdirs = []
-        for entry in entries:
-            seen += 1
-            if seen > MAX_VISIT:
-                notes.append(f"stopped after looking at {MAX_VISIT:,} entries; narrow the path")
-                return
-            if entry.is_dir(follow_symlinks=False):
-                if entry.name in IGNORED_DIRS:
-                    continue
-                if depth + 1 >= MAX_DEPTH:
-                    notes.append(f"{rel(root, Path(entry.path))}/: more than {MAX_DEPTH} directories deep, "
-                                 "not entered")
-                    continue
-                subdirs.append(Path(entry.path))
-            elif entry.is_file(follow_symlinks=False) and not entry.name.endswith(IGNORED_SUFFIXES):
-                yield Path(entry.path)
-        stack.extend((d, depth + 1) for d in reversed(subdirs))
+    def enter(entry: os.DirEntry) -> bool:
+        return entry.name not in IGNORED_DIRS
+
+    for seen, item in enumerate(walk(base, enter=enter), 1):
+        if seen > MAX_VISIT:
+            notes.append(f"stopped after looking at {MAX_VISIT:,} entries; narrow the path")
+            return
+        if isinstance(item, TooDeep) and item.path.name not in IGNORED_DIRS:
+            notes.append(f"{rel(root, item.path)}/: more than {MAX_DEPTH} directories deep, not entered")
+        elif isinstance(item, Entry) and item.dir_entry.is_file(follow_symlinks=False) \
+                and not item.dir_entry.name.endswith(IGNORED_SUFFIXES):
+            yield item.path
 
 
 def _change_name(text: str) -> str:
