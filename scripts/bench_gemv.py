@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import itertools
 import multiprocessing
 import json
@@ -88,7 +89,7 @@ def _configs(m: int, k: int) -> list[tuple[int, int, int]]:
     of bf16) a thread, no wider than the row."""
     import triton
     out = []
-    for block_n, block_k, warps in itertools.product((2, 4, 8, 16, 32, 64), (128, 256, 512, 1024, 2048),
+    for block_n, block_k, warps in itertools.product((1, 2, 4, 8, 16, 32, 64), (128, 256, 512, 1024, 2048, 4096),
                                                      (1, 2, 4, 8)):
         tile = triton.next_power_of_2(m) * block_n * block_k
         if tile <= 4096 * warps and block_k <= triton.next_power_of_2(k) and block_n * block_k >= 256 * warps:
@@ -143,6 +144,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also search tile parameters per shape")
     ap.add_argument("--jobs", type=int, default=8, help="processes compiling the sweep's kernels")
     args = ap.parse_args()
+    import triton
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
     sys.path.insert(0, str(REPO))
@@ -173,10 +175,16 @@ def main() -> None:
                 report["results"][f"{name} m={m}"] = entry
             # A decoder layer's four projections back to back, as the engine runs them: with and without
             # programmatic dependent launch (each GEMV's first W loads overlapping the previous kernel's tail).
-            fns = [v[1] for name, v in _shapes(m, dtype, ops, triton_gemv).items() if name != "lm_head"]
-            report["results"][f"layer m={m}"] = {
-                f"pdl_{pdl}_us": round(_time_us(lambda i, pdl=pdl: [f(i, pdl=pdl) for f in fns]), 2)
-                for pdl in (False, True)}
+            layer = [(v[1], v[3], v[4]) for name, v in _shapes(m, dtype, ops, triton_gemv).items()
+                     if name != "lm_head"]
+            fns = [f for f, _, _ in layer]
+            entry = {f"pdl_{pdl}_us": round(_time_us(lambda i, pdl=pdl: [f(i, pdl=pdl) for f in fns]), 2)
+                     for pdl in (False, True)}
+            # The same with each program's whole slice of W in one chunk, all of it loaded before the wait for
+            # the previous kernel (the default tiles split K = 2048 and 3072 into chunks read after the wait).
+            whole = [functools.partial(f, block_k=triton.next_power_of_2(k)) for f, k, _ in layer]
+            entry["pdl_True_whole_row_us"] = round(_time_us(lambda i: [f(i, pdl=True) for f in whole]), 2)
+            report["results"][f"layer m={m}"] = entry
     print(json.dumps(report, indent=2))
 
 
