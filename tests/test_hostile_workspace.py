@@ -24,6 +24,7 @@ from seis.agents.llm.secrets import find_secrets
 from seis.agents.llm.shell import run_shell
 from seis.agents.llm.tools import Toolbox
 from seis.engine_import import ENGINE_TEMPLATE
+from seis.session.steps import _diff_or_reason
 from seis.workspace import Report, prepare_workspace, tree_hash
 from deep_trees import DEEP, chain, no_deep_leftovers  # noqa: F401 (autouse)
 from seis.workspace.tree import MAX_DEPTH
@@ -88,7 +89,11 @@ def test_a_sparse_flood_is_refused_before_any_content_scan(tmp_path, monkeypatch
     assert rejected and "refused" in rejected and "sparse" in rejected, rejected
     assert not junk.exists() and os.listdir(ws.root) == []  # removed unread: nothing of it is trusted
     tree_hash(ws.root)  # the later readers have nothing to read
-    ws.diff()
+    # The session's diff says it was refused, not that the agent deleted every file of the engine.
+    assert "-import" in ws.diff()
+    recorded = _diff_or_reason(ws, (rejected,))
+    assert recorded.startswith("# no diff: the workspace is empty.") and "sparse" in recorded
+    assert "import" not in recorded
 
 
 def test_keys_are_still_found_and_blanked_and_the_scan_has_a_total_budget(tmp_path, monkeypatch):

@@ -92,7 +92,8 @@ def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_res
     """Write workspace.diff and report.md (the agent's notes + the gate's verdict and table); build the outcome."""
     from ..evaluator import render_gate_for_agents
 
-    (spec.session_dir / "workspace.diff").write_text(_diff_or_reason(workspace), errors="backslashreplace")
+    (spec.session_dir / "workspace.diff").write_text(_diff_or_reason(workspace, reasons),
+                                                      errors="backslashreplace")
     verdict_word = "retained" if retained else "rejected"
     # report.md is inherited by later agents: verdict and dev checks only (gate.json keeps the rest)
     measurements = render_gate_for_agents(gate_result) if gate_result is not None else \
@@ -119,11 +120,15 @@ def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_res
     return outcome
 
 
-def _diff_or_reason(workspace: Workspace) -> str:
+def _diff_or_reason(workspace: Workspace, reasons: tuple[str, ...] = ()) -> str:
     """The session's diff; a tree that cannot be diffed (a link leading out, an unreadable file) gets a note
-    instead of ending the run (the gate has already refused such a tree)."""
+    instead of ending the run (the gate has already refused such a tree), and so does an empty one: a refused
+    workspace is emptied unread, and a diff deleting every file would say nothing of what the agent did."""
     from ..workspace.tree import TreeError
     try:
+        if workspace.root.is_dir() and not any(workspace.root.iterdir()):
+            why = "; ".join(reasons) or "the workspace is empty"
+            return f"# no diff: the workspace is empty. {why}\n"
         return workspace.diff()
     except (TreeError, OSError, UnicodeError) as e:
         return f"# no diff: the workspace cannot be read as an engine tree: {e}\n"
