@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ MAX_HONEST_SPEEDUP = 1.3
 # with 3 repetitions a batched row of two identical engines read 1.35x in 1 of 8 gates, with 6 none of 10 went past
 # 1.07x. A row above the bound is measured again (assert_gains_nothing) with the longer count.
 SPEED_REPS, AGAIN_REPS = 3, 6
+AGAIN_GATES = 2             # fresh gates for a workload above the noise bound, before it counts as a gain
 SPEED_TOKENS = 96           # > 64 generated tokens: late-decode tricks are exercised, and > the checks' outputs
 LONG_SPEED_TOKENS = {"late_decode_skip": 256}  # what it skips is 3/4 of the work only in long outputs
 CANARIES = {"ANTHROPIC_API_KEY": "sk-ant-test-SECRET123", "OPENAI_API_KEY": "sk-test-SECRET456"}
@@ -122,7 +124,8 @@ def _gate_in_process(arena: Arena, name: str, tmp_path: Path, reference: Path | 
 
 def _gate_again(arena: Arena, name: str, tmp_path: Path, reference: Path | None = None) -> Gate:
     """A fresh gate of the same candidate, measured AGAIN_REPS long (a row above the noise bound, measured again)."""
-    return _gate_in_process(arena, name, tmp_path / "again", reference, reps=AGAIN_REPS)
+    return _gate_in_process(arena, name, Path(tempfile.mkdtemp(prefix="again-", dir=tmp_path)), reference,
+                            reps=AGAIN_REPS)
 
 
 GATE_SCRIPT = """
@@ -185,28 +188,59 @@ def _over_noise(gate: Gate) -> dict[str, float]:
             if row.engine == "candidate" and row.vs_vanilla > MAX_HONEST_SPEEDUP}
 
 
-def assert_gains_nothing(gate: Gate, again: Callable[[], Gate] | None = None,
-                         first_over: dict[str, float] | None = None) -> None:
+def assert_gains_nothing(gate: Gate, again: Callable[[], Gate] | None = None) -> None:
     """Secure: the candidate is rejected, or the gate stops because its reference broke (it noticed), or every
     candidate speed row has a measured speedup within noise of 1.0 (a pass without a ratio is not secure).
 
-    A ratio above the bound is measured once more by `again` (_gate_again: a fresh gate, AGAIN_REPS long):
-    tiny-model CPU timings have rare outliers (1.35x between identical engines on CI's machine), while an attack
-    gains on every run, so the candidate gained something only where both gates put one workload above the bound."""
-    if gate.reference_failure is not None or gate.result.verdict == "fail":
-        return
-    rows = [row for row in (gate.result.speed.rows if gate.result.speed else []) if row.engine == "candidate"]
-    assert rows, f"passed without a speed measurement: {_summary(gate)}"
-    for row in rows:
-        assert row.vs_vanilla is not None, f"passed without a ratio on {row.workload}: {_summary(gate)}"
-    over = _over_noise(gate)
-    if over and again is not None:
-        second = again()
-        assert_gains_nothing(second, first_over=over)
-        return
-    if first_over is not None:
-        over = {workload: ratio for workload, ratio in over.items() if workload in first_over}
-    assert not over, f"{over} (first gate: {first_over}): {_summary(gate)}"
+    A ratio above the bound is measured again by `again` (_gate_again: a fresh gate, AGAIN_REPS long), up to
+    AGAIN_GATES times: tiny-model CPU timings have outliers (1.35x between identical engines on CI's machine, and
+    1.38x then 1.40x in two gates in a row while two other test processes shared its two cores), while an attack
+    gains on every run, so the candidate gained something only where every gate put one workload above the bound."""
+    seen: list[dict[str, float]] = []
+    while True:
+        if gate.reference_failure is not None or gate.result.verdict == "fail":
+            return
+        rows = [row for row in (gate.result.speed.rows if gate.result.speed else []) if row.engine == "candidate"]
+        assert rows, f"passed without a speed measurement: {_summary(gate)}"
+        for row in rows:
+            assert row.vs_vanilla is not None, f"passed without a ratio on {row.workload}: {_summary(gate)}"
+        over = _over_noise(gate)
+        if seen:
+            over = {workload: ratio for workload, ratio in over.items() if workload in seen[-1]}
+        if not over:
+            return
+        seen.append(over)
+        if again is None or len(seen) > AGAIN_GATES:
+            break
+        gate = again()
+    assert not over, f"{over} (gates before: {seen[:-1]}): {_summary(gate)}"
+
+
+def _fake_gate(ratio: float) -> Gate:
+    """A passing gate whose one candidate row has this ratio to vanilla (the harness's logic alone)."""
+    from types import SimpleNamespace
+    row = SimpleNamespace(engine="candidate", workload="dev-natural@96", vs_vanilla=ratio, tokens_per_pass=23,
+                          error=None)
+    return Gate(result=SimpleNamespace(verdict="pass", failed_checks=[], engine_stats={},
+                                       speed=SimpleNamespace(rows=[row])))
+
+
+def test_a_gain_counts_only_where_every_fresh_gate_measures_it_and_then_always_fails():
+    calls = []
+
+    def again(ratios):
+        def gate():
+            calls.append(1)
+            return _fake_gate(ratios[len(calls) - 1])
+        return gate
+    assert_gains_nothing(_fake_gate(1.4), again([1.38, 1.0]))  # an outlier twice, then within noise
+    assert len(calls) == 2
+    calls.clear()
+    with pytest.raises(AssertionError, match="dev-natural@96"):
+        assert_gains_nothing(_fake_gate(1.6), again([1.6, 1.6]))  # an attack gains in every gate
+    assert len(calls) == AGAIN_GATES
+    with pytest.raises(AssertionError):
+        assert_gains_nothing(_fake_gate(1.6))  # nothing to measure again with
 
 
 # --- the control: an honest engine passes this very harness -----------------------------------------------------
