@@ -168,6 +168,9 @@ def _child(engine_dir: str, out: str) -> None:
         assert triton_gemv.tiles(1, 151936, 1024)[1:3] == (4, 1024)  # the swept H200 tiles
         assert all(-(-n // triton_gemv.tiles(1, n, k)[1]) >= 256  # programs at Qwen3-0.6B's shapes
                    for n, k in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)))
+        # At one token a program's whole slice of W is one chunk, all of it loaded before the PDL wait.
+        assert all(triton_gemv.tiles(1, n, k)[2] >= k
+                   for n, k in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024)))
 
     def case_dispatch():
         # triton_ops' entry points: <= GEMV_MAX_TOKENS rows fused, more rows E0's kernels + F.linear.
