@@ -503,7 +503,7 @@ def test_warm_ups_run_on_every_cpu_and_only_the_timed_sets_share_one(engine_pid)
     sets = [SimpleNamespace(warmup=[SimpleNamespace(tokens=(1, 2))]), SimpleNamespace(warmup=[])]
     timed, cpu = time_sets(engines, sets, Sampling, lambda ts: os.sched_getaffinity(engine_pid))
     assert len(warm_masks) == 4 and all(m == everywhere for m in warm_masks)  # 2 warm-up calls per engine, one set
-    assert cpu == max(os.sched_getaffinity(0)) and timed == [{cpu}, {cpu}]
+    assert cpu in os.sched_getaffinity(0) and timed == [{cpu}, {cpu}]  # the highest CPU no other timing holds
     assert os.sched_getaffinity(engine_pid) == everywhere
 
 
