@@ -1,7 +1,12 @@
 """One way to walk, by path, a tree that a sandbox wrote: iteratively (a chain thousands of directories deep is
 no RecursionError), never following or entering a link, with an optional depth cap. The host readers that only
 look (the secret scan, an agent's search and list tools, the write watch) share it; the walks that change owners,
-modes or copy go through descriptors instead (seis.workspace.tree, seis.workspace.confine, the bind walk)."""
+modes or copy go through descriptors instead (seis.workspace.tree, seis.agents.llm.confine, and the bind walk in
+seis.sandbox.process).
+
+Only the write watch walks while the sandbox still runs. A path walk can then be turned by a directory swapped
+for a link between its listing and its entry; the watch only stats and counts, so such a turn costs at most a
+bounded walk (its entry limit) and kills the sandbox that tried it."""
 from __future__ import annotations
 
 import os
