@@ -24,6 +24,7 @@ from seis.agents.llm.secrets import find_secrets
 from seis.agents.llm.shell import run_shell
 from seis.agents.llm.tools import Toolbox
 from seis.engine_import import ENGINE_TEMPLATE
+from seis.sandbox import write_watch
 from seis.session.steps import _diff_or_reason
 from seis.workspace import Report, prepare_workspace, tree_hash
 from deep_trees import DEEP, chain, no_deep_leftovers  # noqa: F401 (autouse)
@@ -64,6 +65,43 @@ def test_the_disk_watch_counts_the_apparent_size_of_sparse_files(tmp_path):
     assert done.limit_note and "apparent size" in done.limit_note, done.render(60)
     assert "ALL-MADE" not in done.output
     assert len(os.listdir(ws.root / "junk")) < 2000
+
+
+def test_bytes_without_a_name_are_stopped_by_the_free_space_floor(tmp_path, monkeypatch):
+    """Files unlinked while their writer holds them open take disk space that no walk of the workspace can see:
+    the walk's 1 GiB bound never fires, and before the floor an agent could fill the host's disk this way (each
+    file up to RLIMIT_FSIZE, 65,536 of them). The watch also reads the filesystem's free space, which a sandbox
+    cannot hide: here the floor is set above the disk's free space, so writing past the margin kills it."""
+    monkeypatch.setattr(write_watch, "DISK_DROP_MARGIN", 32 * 2**20)
+    ws = _ws(tmp_path)
+    box = AgentSandbox(limits=replace(AGENT_LIMITS, max_written_bytes=2**30, min_free_disk_bytes=2**62))
+    hide = ("import os, time\n"
+            "fds = []\n"
+            "for i in range(24):\n"
+            "    fd = os.open(f'h{i}', os.O_CREAT | os.O_WRONLY, 0o600); os.unlink(f'h{i}'); fds.append(fd)\n"
+            "    for _ in range(8): os.write(fd, os.urandom(2**20))\n"
+            "    os.fsync(fd)\n"
+            "print('HIDDEN', len(os.listdir('.')), flush=True)\n"
+            "time.sleep(20)\n"
+            "print('SURVIVED', flush=True)\n")
+    (ws.root / "hide.py").write_text(hide)
+    t0 = time.monotonic()
+    done = run_shell("python3 hide.py", ws.root, 60, box)
+    assert time.monotonic() - t0 < 15, done.render(60)
+    assert done.limit_note and "host disk" in done.limit_note, done.render(60)
+    assert "SURVIVED" not in done.output
+
+
+def test_the_free_space_floor_needs_both_the_floor_and_a_drop_since_the_start():
+    """A host already under the floor still lets a sandbox write up to the margin; a drop on a roomy disk is
+    the walk's business, not the floor's."""
+    limits = replace(AGENT_LIMITS, min_free_disk_bytes=10 * 2**30)
+    gib, margin = 2**30, write_watch.DISK_DROP_MARGIN
+    assert write_watch.disk_below_floor({1: 20 * gib}, {1: 5 * gib}, limits)          # fell under the floor
+    assert not write_watch.disk_below_floor({1: 40 * gib}, {1: 20 * gib}, limits)     # 20 GiB written, roomy
+    assert not write_watch.disk_below_floor({1: gib}, {1: gib - margin}, limits)      # under from the start
+    assert "host disk" in write_watch.disk_below_floor({1: gib}, {1: gib - margin - 1}, limits)
+    assert not write_watch.disk_below_floor({}, {1: 0}, limits)                       # not there at the start
 
 
 def test_a_sparse_flood_is_refused_before_any_content_scan(tmp_path, monkeypatch):

@@ -1,5 +1,10 @@
 """A bound on what a sandbox writes to the host's disk, all files together: per-file limits (RLIMIT_FSIZE) alone
-would let it fill the disk with many files. Agents' workspaces and engines' compile caches are watched alike."""
+would let it fill the disk with many files. Agents' workspaces and engines' compile caches are watched alike.
+
+Two looks, every second. A walk counts the files under the sandbox's writable directories: it names what grew,
+but it sees only what has a name when it passes. A file unlinked while its writer holds it open, or a directory
+renamed back and forth while the walk looks, still takes disk space and is not walked. So the watch also reads
+the free space of those directories' filesystems, which nothing in a sandbox can hide from."""
 from __future__ import annotations
 
 import errno
@@ -13,20 +18,26 @@ from .process import SandboxedProcess, SandboxError
 from .walk import Unreadable, walk
 
 WATCH_PERIOD_S = 1.0
+# How far a filesystem's free space must have fallen since the watch began, besides being under the floor, before
+# the watch kills: on a host that starts under the floor, a sandbox may still write this much.
+DISK_DROP_MARGIN = 256 * 2**20
 
 
 class WriteWatch:
     """Kills the sandbox when what it wrote under `roots` (by default its writable binds) grows past
     Limits.max_written_bytes or Limits.max_written_entries. A file counts for the larger of its blocks on disk
     and its apparent size, so sparse files (no disk used, but every host reader reads their full length) count
-    too. Looks every WATCH_PERIOD_S seconds, never following a link; a look stops counting once over a limit.
-    `exceeded` says why it killed the sandbox (None: it did not)."""
+    too. It also kills it when the free space of a filesystem under `roots` falls under
+    Limits.min_free_disk_bytes while it runs (disk_below_floor). Looks every WATCH_PERIOD_S seconds, never
+    following a link; a look stops counting once over a limit. `exceeded` says why it killed the sandbox (None:
+    it did not)."""
 
     def __init__(self, box: SandboxedProcess, policy: SandboxPolicy, extra: Iterable[str | os.PathLike] = (),
                  what: str = "its writable directories"):
         self.box, self.limits, self.what = box, policy.limits, what
         self.roots = [str(b.src) for b in policy.binds if b.writable] + [str(p) for p in extra]
         self.exceeded: str | None = None
+        self._free_at_start = free_space(self.roots)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         if self.roots and self.limits.max_written_bytes is not None:
@@ -34,7 +45,8 @@ class WriteWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(WATCH_PERIOD_S):
-            why = over_limits(self.roots, self.limits, self.what)
+            why = (disk_below_floor(self._free_at_start, free_space(self.roots), self.limits)
+                   or over_limits(self.roots, self.limits, self.what))
             if why:
                 self.exceeded = f"the sandbox was killed: {why}"
                 try:
@@ -85,3 +97,28 @@ def over_limits(roots: list[str], limits: Limits, what: str) -> str | None:
             if reason := why():
                 return reason
     return why()
+
+
+def free_space(paths: list[str]) -> dict[int, int]:
+    """Bytes free to unprivileged writers on each filesystem (by device number) holding one of paths."""
+    free = {}
+    for path in paths:
+        try:
+            dev = os.stat(path, follow_symlinks=False).st_dev
+            vfs = os.statvfs(path)
+        except OSError:
+            continue  # gone: nothing of it to watch
+        free[dev] = vfs.f_bavail * vfs.f_frsize
+    return free
+
+
+def disk_below_floor(at_start: dict[int, int], now: dict[int, int], limits: Limits) -> str | None:
+    """Why a filesystem's free space is past the floor: under Limits.min_free_disk_bytes, and at least
+    DISK_DROP_MARGIN below what it was when the watch began. It is the host's disk, which other writers share: at
+    the floor every sandbox writing there is stopped, whoever wrote."""
+    for dev, free in now.items():
+        start = at_start.get(dev)
+        if start is not None and free < limits.min_free_disk_bytes and start - free > DISK_DROP_MARGIN:
+            return (f"the host disk it writes to fell under {limits.min_free_disk_bytes / 2**30:.1f} GiB free "
+                    f"({(start - free) / 2**20:,.0f} MiB written since it started, named files or not)")
+    return None
