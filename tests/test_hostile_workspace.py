@@ -92,16 +92,46 @@ def test_bytes_without_a_name_are_stopped_by_the_free_space_floor(tmp_path, monk
     assert "SURVIVED" not in done.output
 
 
-def test_the_free_space_floor_needs_both_the_floor_and_a_drop_since_the_start():
-    """A host already under the floor still lets a sandbox write up to the margin; a drop on a roomy disk is
-    the walk's business, not the floor's."""
-    limits = replace(AGENT_LIMITS, min_free_disk_bytes=10 * 2**30)
+def test_a_free_space_floor_needs_both_the_floor_and_a_drop_since_the_start():
+    """A host already under a floor still lets a sandbox write up to the margin; a drop on a roomy disk is the
+    walk's business, not the floor's. Inodes alike, with the entry bound as their margin."""
+    limits = replace(AGENT_LIMITS, min_free_disk_bytes=10 * 2**30, min_free_disk_inodes=10**6,
+                     max_written_entries=1000)
     gib, margin = 2**30, write_watch.DISK_DROP_MARGIN
-    assert write_watch.disk_below_floor({1: 20 * gib}, {1: 5 * gib}, limits)          # fell under the floor
-    assert not write_watch.disk_below_floor({1: 40 * gib}, {1: 20 * gib}, limits)     # 20 GiB written, roomy
-    assert not write_watch.disk_below_floor({1: gib}, {1: gib - margin}, limits)      # under from the start
-    assert "host disk" in write_watch.disk_below_floor({1: gib}, {1: gib - margin - 1}, limits)
-    assert not write_watch.disk_below_floor({}, {1: 0}, limits)                       # not there at the start
+
+    def below(start_bytes, now_bytes, start_inodes=None, now_inodes=None):
+        return write_watch.disk_below_floor({1: write_watch.Free(start_bytes, start_inodes)},
+                                            {1: write_watch.Free(now_bytes, now_inodes)}, limits)
+    assert "GiB free" in below(20 * gib, 5 * gib)                  # fell under the floor
+    assert not below(40 * gib, 20 * gib)                           # 20 GiB written, still roomy
+    assert not below(gib, gib - margin)                            # under from the start, within the margin
+    assert "MiB written" in below(gib, gib - margin - 1)
+    assert not write_watch.disk_below_floor({}, {1: write_watch.Free(0, 0)}, limits)  # not there at the start
+    assert "free inodes" in below(20 * gib, 20 * gib, 2 * 10**6, 10**6 - 1)
+    assert not below(20 * gib, 20 * gib, 3 * 10**6, 2 * 10**6)     # a million taken, still roomy
+    assert not below(20 * gib, 20 * gib, 5000, 4000)               # under from the start, within the margin
+    assert below(20 * gib, 20 * gib, 5000, 3999)
+    assert not below(20 * gib, 20 * gib, None, None)               # a filesystem that counts no inodes
+
+
+def test_inodes_without_a_name_are_stopped_by_the_inode_floor(tmp_path):
+    """Empty files unlinked while open take an inode each and no byte, under no name: as many as the open-file
+    limit allows a process, and many processes. The inode floor (set above the disk's free inodes here) stops the sandbox once it
+    has taken more inodes than its entry bound."""
+    ws = _ws(tmp_path)
+    box = AgentSandbox(limits=replace(AGENT_LIMITS, max_written_entries=2000, min_free_disk_inodes=2**62))
+    (ws.root / "hide.py").write_text(
+        "import os, time\nfds = []\n"
+        "for i in range(8000):\n"
+        "    fds.append(os.open(f'i{i}', os.O_CREAT | os.O_WRONLY, 0o600)); os.unlink(f'i{i}')\n"
+        "print('HIDDEN', len(fds), flush=True)\ntime.sleep(20)\nprint('SURVIVED', flush=True)\n")
+    if os.statvfs(ws.root).f_files == 0:
+        pytest.skip("this filesystem counts no inodes, so none can run out")
+    t0 = time.monotonic()
+    done = run_shell("python3 hide.py", ws.root, 60, box)
+    assert time.monotonic() - t0 < 15, done.render(60)
+    assert done.limit_note and "free inodes" in done.limit_note, done.render(60)
+    assert "SURVIVED" not in done.output
 
 
 def test_a_sparse_flood_is_refused_before_any_content_scan(tmp_path, monkeypatch):

@@ -62,9 +62,10 @@ class Limits:
     # either bound (seis.sandbox.WriteWatch, for agent and engine sandboxes); None: not watched
     max_written_bytes: int | None = None
     max_written_entries: int = 100_000
-    # The same watch's floor under the free space of those binds' filesystems: bytes a walk cannot see (a file
-    # unlinked while open, a directory renamed while the watch looks) still take space there
+    # The same watch's floors under the free bytes and inodes of those binds' filesystems: what a walk cannot see
+    # (a file unlinked while open, a directory renamed while the watch looks) still takes space there
     min_free_disk_bytes: int = 4 * 2**30
+    min_free_disk_inodes: int = 1_000_000
 
 
 @dataclass(frozen=True)

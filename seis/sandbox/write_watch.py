@@ -12,6 +12,7 @@ import os
 import stat
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from .policy import Limits, SandboxPolicy
 from .process import SandboxedProcess, SandboxError
@@ -99,8 +100,15 @@ def over_limits(roots: list[str], limits: Limits, what: str) -> str | None:
     return why()
 
 
-def free_space(paths: list[str]) -> dict[int, int]:
-    """Bytes free to unprivileged writers on each filesystem (by device number) holding one of paths."""
+@dataclass(frozen=True)
+class Free:
+    """What a filesystem has left for unprivileged writers; inodes None where it does not count them."""
+    bytes: int
+    inodes: int | None
+
+
+def free_space(paths: list[str]) -> dict[int, Free]:
+    """What is free on each filesystem (by device number) holding one of paths."""
     free = {}
     for path in paths:
         try:
@@ -108,17 +116,24 @@ def free_space(paths: list[str]) -> dict[int, int]:
             vfs = os.statvfs(path)
         except OSError:
             continue  # gone: nothing of it to watch
-        free[dev] = vfs.f_bavail * vfs.f_frsize
+        free[dev] = Free(vfs.f_bavail * vfs.f_frsize, vfs.f_favail if vfs.f_files else None)
     return free
 
 
-def disk_below_floor(at_start: dict[int, int], now: dict[int, int], limits: Limits) -> str | None:
-    """Why a filesystem's free space is past the floor: under Limits.min_free_disk_bytes, and at least
-    DISK_DROP_MARGIN below what it was when the watch began. It is the host's disk, which other writers share: at
-    the floor every sandbox writing there is stopped, whoever wrote."""
+def disk_below_floor(at_start: dict[int, Free], now: dict[int, Free], limits: Limits) -> str | None:
+    """Why a filesystem is past a floor: its free bytes under Limits.min_free_disk_bytes and at least
+    DISK_DROP_MARGIN below what they were when the watch began, or its free inodes under
+    Limits.min_free_disk_inodes and more than Limits.max_written_entries below. It is the host's disk, which other
+    writers share: at a floor every sandbox writing there is stopped, whoever wrote."""
     for dev, free in now.items():
         start = at_start.get(dev)
-        if start is not None and free < limits.min_free_disk_bytes and start - free > DISK_DROP_MARGIN:
+        if start is None:
+            continue
+        if free.bytes < limits.min_free_disk_bytes and start.bytes - free.bytes > DISK_DROP_MARGIN:
             return (f"the host disk it writes to fell under {limits.min_free_disk_bytes / 2**30:.1f} GiB free "
-                    f"({(start - free) / 2**20:,.0f} MiB written since it started, named files or not)")
+                    f"({(start.bytes - free.bytes) / 2**20:,.0f} MiB written since it started, named files or not)")
+        if (free.inodes is not None and start.inodes is not None and free.inodes < limits.min_free_disk_inodes
+                and start.inodes - free.inodes > limits.max_written_entries):
+            return (f"the host disk it writes to fell under {limits.min_free_disk_inodes:,} free inodes "
+                    f"({start.inodes - free.inodes:,} taken since it started, named files or not)")
     return None
