@@ -6,7 +6,8 @@ seis.sandbox.process).
 
 Only the write watch walks while the sandbox still runs. A path walk can then be turned by a directory swapped
 for a link between its listing and its entry; the watch only stats and counts, so such a turn costs at most a
-bounded walk (its entry limit) and kills the sandbox that tried it."""
+bounded walk (its entry limit) and kills the sandbox that tried it. A tree changed under a walk can also hide
+parts of itself from it; the watch's free-space floors (seis.sandbox.write_watch) bound what it can hide."""
 from __future__ import annotations
 
 import os
