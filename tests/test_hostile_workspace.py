@@ -70,7 +70,7 @@ def test_the_disk_watch_counts_the_apparent_size_of_sparse_files(tmp_path):
 def test_bytes_without_a_name_are_stopped_by_the_free_space_floor(tmp_path, monkeypatch):
     """Files unlinked while their writer holds them open take disk space that no walk of the workspace can see:
     the walk's 1 GiB bound never fires, and before the floor an agent could fill the host's disk this way (each
-    file up to RLIMIT_FSIZE, 65,536 of them). The watch also reads the filesystem's free space, which a sandbox
+    file up to RLIMIT_FSIZE, as many as it may hold open). The watch also reads the filesystem's free space, which a sandbox
     cannot hide: here the floor is set above the disk's free space, so writing past the margin kills it."""
     monkeypatch.setattr(write_watch, "DISK_DROP_MARGIN", 32 * 2**20)
     ws = _ws(tmp_path)
@@ -114,10 +114,18 @@ def test_a_free_space_floor_needs_both_the_floor_and_a_drop_since_the_start():
     assert not below(20 * gib, 20 * gib, None, None)               # a filesystem that counts no inodes
 
 
+def test_a_watched_log_replaced_by_a_link_is_measured_where_it_lies(tmp_path):
+    """An engine may replace its watched stderr log with a link to another filesystem (/proc: no free space at
+    all); the floors read the filesystem holding the link, never the one it points to."""
+    (tmp_path / "stderr.log").symlink_to("/proc/self")
+    free = write_watch.free_space([str(tmp_path / "stderr.log")])
+    assert list(free) == [os.stat(tmp_path).st_dev] != [os.stat("/proc/self").st_dev]
+
+
 def test_inodes_without_a_name_are_stopped_by_the_inode_floor(tmp_path):
     """Empty files unlinked while open take an inode each and no byte, under no name: as many as the open-file
-    limit allows a process, and many processes. The inode floor (set above the disk's free inodes here) stops the sandbox once it
-    has taken more inodes than its entry bound."""
+    limit allows a process, and many processes. The inode floor (set above the disk's free inodes here) stops
+    the sandbox once it has taken more inodes than its entry bound."""
     ws = _ws(tmp_path)
     box = AgentSandbox(limits=replace(AGENT_LIMITS, max_written_entries=2000, min_free_disk_inodes=2**62))
     (ws.root / "hide.py").write_text(

@@ -28,8 +28,8 @@ class WriteWatch:
     """Kills the sandbox when what it wrote under `roots` (by default its writable binds) grows past
     Limits.max_written_bytes or Limits.max_written_entries. A file counts for the larger of its blocks on disk
     and its apparent size, so sparse files (no disk used, but every host reader reads their full length) count
-    too. It also kills it when the free space of a filesystem under `roots` falls under
-    Limits.min_free_disk_bytes while it runs (disk_below_floor). Looks every WATCH_PERIOD_S seconds, never
+    too. It also kills it when the free bytes or inodes of a filesystem under `roots` fall under
+    Limits.min_free_disk_bytes or Limits.min_free_disk_inodes while it runs (disk_below_floor). Looks every WATCH_PERIOD_S seconds, never
     following a link; a look stops counting once over a limit. `exceeded` says why it killed the sandbox (None:
     it did not)."""
 
@@ -111,11 +111,14 @@ def free_space(paths: list[str]) -> dict[int, Free]:
     """What is free on each filesystem (by device number) holding one of paths."""
     free = {}
     for path in paths:
-        try:
-            dev = os.stat(path, follow_symlinks=False).st_dev
-            vfs = os.statvfs(path)
+        try:  # the entry itself, never what a link there points to (a sandbox may replace a watched log)
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
         except OSError:
             continue  # gone: nothing of it to watch
+        try:
+            dev, vfs = os.fstat(fd).st_dev, os.fstatvfs(fd)
+        finally:
+            os.close(fd)
         free[dev] = Free(vfs.f_bavail * vfs.f_frsize, vfs.f_favail if vfs.f_files else None)
     return free
 
