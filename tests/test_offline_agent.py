@@ -132,6 +132,25 @@ def test_three_way_merge_keeps_other_changes_and_reports_conflicts(tmp_path):
     assert parse_session_block(result.report_markdown).failed == (t.name,)
 
 
+def test_entries_that_change_neighbouring_lines_are_each_present(tmp_path):
+    """ngram-speculation adds a method right above the one overlapped-greedy-chunks rewrites. With both in the
+    engine a 3-way merge of either conflicts (diff aligns the two changes into one hunk), yet each is present, in
+    either order; with one of its added lines gone, it is not."""
+    multistep, ngram, ahead = (LIBRARY[n] for n in ("greedy-multistep-decode", "ngram-speculation",
+                                                      "overlapped-greedy-chunks"))
+    for i, order in enumerate([(ngram, ahead), (ahead, ngram)]):
+        ws = _ws(tmp_path, f"o{i}")
+        for t in (multistep, *order):
+            assert apply_transformation(ws.root, ENGINE_TEMPLATE, t).outcome == "applied", (i, t.name)
+        for t in order:
+            assert merge_transformation(ws.root, ENGINE_TEMPLATE, t).outcome == "present", (i, t.name)
+        assert {multistep.name, ngram.name, ahead.name} <= present_in(ws.root, ENGINE_TEMPLATE, LIBRARY)
+    multistep_py = ws.root / "engine" / "multistep.py"
+    multistep_py.write_text(multistep_py.read_text().replace("        self.chunks_after += 1\n", ""))
+    assert merge_transformation(ws.root, ENGINE_TEMPLATE, ahead).outcome != "present"
+    assert is_present(ws.root, ENGINE_TEMPLATE, ngram)
+
+
 def test_stamped_verdicts_feed_the_lineage():
     md = _report("c0", 1, applied=["x"]).markdown
     rejected = stamp_verdict(md, "rejected", "| metric | value |\n| --- | --- |\n| tok/s | 1 |")
@@ -183,7 +202,7 @@ def _run_sync_chain(tmp_path, chains: int, sessions: int, sync_every: int) -> di
 
 @pytest.mark.slow
 def test_ranked_by_expected_speedup_the_issues_sync_chain_reaches_the_fast_stack(tmp_path):
-    """3 chains x 6 sessions, sync every 3, every session retained: chains start from different entries among
+    """3 chains x 7 sessions, sync every 3, every session retained: chains start from different entries among
     those with the largest measured gains, and at the end every chain holds the whole speed stack, speculation
     included (one engine fast with speculation off and on)."""
     order = exploration_order(NAMES, 0, SUPERSEDES, GAINS, NEEDS)
@@ -193,9 +212,9 @@ def test_ranked_by_expected_speedup_the_issues_sync_chain_reaches_the_fast_stack
     for i in range(3):  # what needs another entry keeps its ranked place in every chain
         assert [(j, n) for j, n in enumerate(exploration_order(NAMES, i, SUPERSEDES, GAINS, NEEDS)) if NEEDS[n]] \
             == [(j, n) for j, n in enumerate(order) if NEEDS[n]]
-    held = _run_sync_chain(tmp_path, chains=3, sessions=6, sync_every=3)
+    held = _run_sync_chain(tmp_path, chains=3, sessions=7, sync_every=3)
     stack = {"triton-gemv", "prefill-cuda-graphs", "fused-qk-rope-store", "greedy-multistep-decode",
-             "gate-up-silu-epilogue", "fused-decode-attention"}
+             "gate-up-silu-epilogue", "fused-decode-attention", "overlapped-greedy-chunks"}
     assert all(stack | {"ngram-speculation"} <= h for h in held.values()), held
 
 

@@ -9,6 +9,7 @@ them and still merge into any engine that holds them, whatever else that engine 
 from __future__ import annotations
 
 import atexit
+import difflib
 import functools
 import os
 import shutil
@@ -158,10 +159,34 @@ def merge_transformation(tree: str | Path, base_dir: str | Path, t: Transformati
             conflicts.append(f"{rel} ({n} conflicting hunk{'s' if n > 1 else ''})")
         merged[rel] = out
     if conflicts:
+        if all(_holds_additions(_read(tree / rel), base, theirs) for rel, (base, theirs) in patched.items()):
+            return MergeResult("present", detail="already in the engine (beside other changes)")
         return MergeResult("conflict", detail="merge conflict in " + ", ".join(conflicts))
     if all((tree / rel).is_file() and (tree / rel).read_bytes() == data for rel, data in merged.items()):
         return MergeResult("present", detail="already in the engine")
     return MergeResult("applied", merged)
+
+
+def _read(path: Path) -> bytes:
+    return path.read_bytes() if path.is_file() else b""
+
+
+def _holds_additions(ours: bytes, base: bytes | None, theirs: bytes) -> bool:
+    """Whether ours holds, in order, every block of lines that base -> theirs adds or rewrites.
+
+    A 3-way merge also conflicts where the transformation is in the engine already but another change sits right
+    beside it: diff aligns the two changes into one hunk, or matches lines the other change repeats. A
+    transformation that only deletes lines is never taken for present this way."""
+    old, new, have = (base or b"").splitlines(True), theirs.splitlines(True), ours.splitlines(True)
+    blocks = [new[j1:j2] for tag, _, _, j1, j2 in
+              difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes() if tag in ("replace", "insert")]
+    at = 0
+    for block in blocks:
+        at = next((i + len(block) for i in range(at, len(have) - len(block) + 1)
+                   if have[i : i + len(block)] == block), -1)
+        if at < 0:
+            return False
+    return bool(blocks)
 
 
 def apply_transformation(tree: str | Path, base_dir: str | Path, t: Transformation) -> MergeResult:
