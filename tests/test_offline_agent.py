@@ -3,6 +3,7 @@ and every library transformation keeps E0's outputs (tiny-qwen3, CPU, engines in
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -149,6 +150,25 @@ def test_entries_that_change_neighbouring_lines_are_each_present(tmp_path):
     multistep_py.write_text(multistep_py.read_text().replace("        self.chunks_after += 1\n", ""))
     assert merge_transformation(ws.root, ENGINE_TEMPLATE, ahead).outcome != "present"
     assert is_present(ws.root, ENGINE_TEMPLATE, ngram)
+
+
+def test_a_merge_neither_reads_nor_writes_through_a_link_in_the_workspace(tmp_path):
+    """A workspace file or folder replaced by a link out of the tree (to host files that would merge cleanly) is a
+    conflict: nothing outside is read into the workspace or written, and the link is left as it was."""
+    import shutil
+    outside = tmp_path / "outside"
+    shutil.copytree(ENGINE_TEMPLATE / "engine", outside)
+    before = tree_hash(outside)
+    for target, t in (("engine/engine.py", "decode-pinned-metadata"), ("engine/kernels", "triton-gemv")):
+        ws = _ws(tmp_path, f"ws-{t}")
+        link = ws.root / target
+        shutil.rmtree(link) if link.is_dir() else link.unlink()
+        link.symlink_to(outside / Path(target).relative_to("engine"))
+        for attempt in (merge_transformation, apply_transformation):
+            result = attempt(ws.root, ENGINE_TEMPLATE, LIBRARY[t])
+            assert result.outcome == "conflict" and "symlink" in result.detail, (t, result)
+        assert not is_present(ws.root, ENGINE_TEMPLATE, LIBRARY[t]) and link.is_symlink()
+    assert tree_hash(outside) == before
 
 
 def test_stamped_verdicts_feed_the_lineage():

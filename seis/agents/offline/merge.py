@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ...workspace.tree import TreeError, read_tree_file, tree_files
 from .library import Transformation, load_library
 
 Outcome = Literal["applied", "present", "conflict", "error"]
@@ -144,31 +145,30 @@ def merge_transformation(tree: str | Path, base_dir: str | Path, t: Transformati
         patched = _patched(patch_base(str(Path(base_dir).resolve()), t), t.name, t.patch, t.target_files)
     except PatchError as e:
         return MergeResult("error", detail=str(e))
+    try:  # the workspace's target files, read once; a link or special file anywhere in it is refused, not followed
+        files = set(tree_files(tree))
+        ours = {rel: read_tree_file(tree, rel) if rel in files else None for rel in patched}
+    except TreeError as e:
+        return MergeResult("conflict", detail=str(e))
     merged: dict[str, bytes] = {}
     conflicts = []
     for rel, (base, theirs) in patched.items():
-        target = tree / rel
-        if not target.is_file():
+        if ours[rel] is None:
             if base is None:  # a file the transformation creates
                 merged[rel] = theirs
                 continue
             return MergeResult("conflict", detail=f"{rel} is missing from the workspace")
-        ours = target.read_bytes()
-        out, n = merge_file(ours, base if base is not None else b"", theirs)
+        out, n = merge_file(ours[rel], base if base is not None else b"", theirs)
         if n:
             conflicts.append(f"{rel} ({n} conflicting hunk{'s' if n > 1 else ''})")
         merged[rel] = out
     if conflicts:
-        if all(_holds_additions(_read(tree / rel), base, theirs) for rel, (base, theirs) in patched.items()):
+        if all(_holds_additions(ours[rel] or b"", base, theirs) for rel, (base, theirs) in patched.items()):
             return MergeResult("present", detail="already in the engine (beside other changes)")
         return MergeResult("conflict", detail="merge conflict in " + ", ".join(conflicts))
-    if all((tree / rel).is_file() and (tree / rel).read_bytes() == data for rel, data in merged.items()):
+    if all(ours[rel] == data for rel, data in merged.items()):
         return MergeResult("present", detail="already in the engine")
     return MergeResult("applied", merged)
-
-
-def _read(path: Path) -> bytes:
-    return path.read_bytes() if path.is_file() else b""
 
 
 def _holds_additions(ours: bytes, base: bytes | None, theirs: bytes) -> bool:
@@ -196,7 +196,10 @@ def apply_transformation(tree: str | Path, base_dir: str | Path, t: Transformati
         for rel, data in result.files.items():
             path = Path(tree) / rel
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            # O_NOFOLLOW: a link put where the merge read a plain file is refused, not written through
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
     return result
 
 
