@@ -32,12 +32,12 @@ def load_module(candidate: Path, rel: str, name: str):
     return module
 
 
-def e0_and_candidate(candidate: Path, run) -> tuple:
-    """(run(E0's engine), run(the candidate's engine)), each built in its own process."""
+def e0_and_candidate(candidate: Path, run, options: dict | None = None) -> tuple:
+    """(run(E0's engine), run(the candidate's engine)), each built in its own process (OPTIONS, or `options`)."""
     from seis.engine_host import EngineProcess
     results = []
     for engine_dir in (ENGINE_TEMPLATE, candidate):
-        with EngineProcess(engine_dir, resolve_model("tiny-qwen3"), OPTIONS, timeout_s=600) as eng:
+        with EngineProcess(engine_dir, resolve_model("tiny-qwen3"), options or OPTIONS, timeout_s=600) as eng:
             eng.build()
             results.append(run(eng))
     return tuple(results)
