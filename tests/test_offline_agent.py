@@ -222,9 +222,9 @@ def _run_sync_chain(tmp_path, chains: int, sessions: int, sync_every: int) -> di
 
 @pytest.mark.slow
 def test_ranked_by_expected_speedup_the_issues_sync_chain_reaches_the_fast_stack(tmp_path):
-    """3 chains x 7 sessions, sync every 3, every session retained: chains start from different entries among
-    those with the largest measured gains, and at the end every chain holds the whole speed stack, speculation
-    included (one engine fast with speculation off and on)."""
+    """3 chains x 8 sessions, sync every 4 (the seis/sync-chain deployment), every session retained: chains start
+    from different entries among those with the largest measured gains, and at the end every chain holds the whole
+    speed stack, speculation included (one engine fast with speculation off and on)."""
     order = exploration_order(NAMES, 0, SUPERSEDES, GAINS, NEEDS)
     assert [GAINS[n] for n in order] == sorted(GAINS.values(), reverse=True)  # no supersession reorders today
     firsts = [_ready_order(i)[0] for i in range(3)]
@@ -232,9 +232,9 @@ def test_ranked_by_expected_speedup_the_issues_sync_chain_reaches_the_fast_stack
     for i in range(3):  # what needs another entry keeps its ranked place in every chain
         assert [(j, n) for j, n in enumerate(exploration_order(NAMES, i, SUPERSEDES, GAINS, NEEDS)) if NEEDS[n]] \
             == [(j, n) for j, n in enumerate(order) if NEEDS[n]]
-    held = _run_sync_chain(tmp_path, chains=3, sessions=7, sync_every=3)
+    held = _run_sync_chain(tmp_path, chains=3, sessions=8, sync_every=4)
     stack = {"triton-gemv", "prefill-cuda-graphs", "fused-qk-rope-store", "greedy-multistep-decode",
-             "gate-up-silu-epilogue", "fused-decode-attention", "overlapped-greedy-chunks"}
+             "gate-up-silu-epilogue", "fused-decode-attention", "overlapped-greedy-chunks", "batched-mlp-matmuls"}
     assert all(stack | {"ngram-speculation"} <= h for h in held.values()), held
 
 
