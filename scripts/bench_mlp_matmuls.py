@@ -23,10 +23,9 @@ from pathlib import Path
 
 import torch
 
+from decoder_layers import HIDDEN, INTERMEDIATE, LAYERS, Q_OUT, random_layers
 from seis.benchmarks.graph_timing import graph_times
 from seis.stats import fmt_range, summarize
-
-HIDDEN, INTERMEDIATE, Q_OUT, QKV_OUT, LAYERS = 1024, 3072, 2048, 4096, 28
 
 
 def _us(fn) -> dict:
@@ -50,12 +49,7 @@ def bench(rows: list[int], tmp: Path, sweep: bool) -> dict:
     mm, ops = _entry_kernels(tmp / "engine")
     dev, dt, F = torch.device("cuda"), torch.bfloat16, torch.nn.functional
     torch.manual_seed(0)
-    layers = [{"qkv": torch.randn(QKV_OUT, HIDDEN, device=dev, dtype=dt) * 0.02,
-               "o": torch.randn(HIDDEN, Q_OUT, device=dev, dtype=dt) * 0.02,
-               "gate_up": torch.randn(2 * INTERMEDIATE, HIDDEN, device=dev, dtype=dt) * 0.02,
-               "down": torch.randn(HIDDEN, INTERMEDIATE, device=dev, dtype=dt) * 0.02,
-               "norm1": torch.rand(HIDDEN, device=dev, dtype=dt) + 0.5,
-               "norm2": torch.rand(HIDDEN, device=dev, dtype=dt) + 0.5} for _ in range(LAYERS)]
+    layers = random_layers(dev, dt)
     report = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "layers_per_graph": LAYERS, "rows": []}
     for m in rows:
         x, attn, act = (torch.randn(m, k, device=dev, dtype=dt) for k in (HIDDEN, Q_OUT, INTERMEDIATE))

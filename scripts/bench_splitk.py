@@ -30,11 +30,11 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from decoder_layers import HIDDEN, INTERMEDIATE, LAYERS, Q_OUT, random_layers
 from seis.benchmarks.graph_timing import graph_times
 from seis.stats import fmt_range, summarize
 
 NONE, ADD_RMSNORM, SILU_MUL = 0, 1, 2
-HIDDEN, INTERMEDIATE, Q_OUT, QKV_OUT, LAYERS = 1024, 3072, 2048, 4096, 28
 
 
 @triton.jit
@@ -189,12 +189,7 @@ def bench(batch_rows: list[int]) -> dict:
     dev, dt, F = torch.device("cuda"), torch.bfloat16, torch.nn.functional
     torch.manual_seed(0)
     scratch = Scratch(dev)
-    layers = [{"qkv": torch.randn(QKV_OUT, HIDDEN, device=dev, dtype=dt) * 0.02,
-               "o": torch.randn(HIDDEN, Q_OUT, device=dev, dtype=dt) * 0.02,
-               "gate_up": torch.randn(2 * INTERMEDIATE, HIDDEN, device=dev, dtype=dt) * 0.02,
-               "down": torch.randn(HIDDEN, INTERMEDIATE, device=dev, dtype=dt) * 0.02,
-               "norm1": torch.rand(HIDDEN, device=dev, dtype=dt) + 0.5,
-               "norm2": torch.rand(HIDDEN, device=dev, dtype=dt) + 0.5} for _ in range(LAYERS)]
+    layers = random_layers(dev, dt)
     inputs = {"qkv": HIDDEN, "o": Q_OUT, "gate_up": HIDDEN, "down": INTERMEDIATE}
     report = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "layers_per_graph": LAYERS, "rows": []}
     for m in batch_rows:
