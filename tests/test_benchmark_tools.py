@@ -130,3 +130,28 @@ def test_the_attention_sweep_launches_its_own_tile_over_the_engines():
                                {"block_n": 64, "num_warps": 8, "mma": False})
     launch("q", "k", block_n=16, num_warps=4, mma=True, page_size=16)
     assert seen == [(("q", "k"), {"block_n": 64, "num_warps": 8, "mma": False, "page_size": 16})]
+
+
+def test_a_benchmark_names_its_commit_and_says_when_the_checkout_differed(tmp_path, monkeypatch):
+    from seis.benchmarks.provenance import source_commit
+
+    monkeypatch.delenv("SEIS_COMMIT", raising=False)
+    assert source_commit(tmp_path) == "unknown"  # no repository
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run(git + ["init", "-q"], check=True)
+    (tmp_path / ".gitignore").write_text("ignored/\n")
+    (tmp_path / "kernel.py").write_text("a = 1\n")
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], check=True)
+    head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert source_commit(tmp_path) == head
+    (tmp_path / "ignored").mkdir()
+    (tmp_path / "ignored" / "out.json").write_text("{}")
+    assert source_commit(tmp_path) == head  # what git ignores is not code that ran
+    (tmp_path / "new_kernel.py").write_text("b = 2\n")
+    assert source_commit(tmp_path) == head + "+changes"
+    (tmp_path / "new_kernel.py").unlink()
+    (tmp_path / "kernel.py").write_text("a = 3\n")
+    assert source_commit(tmp_path) == head + "+changes"
+    monkeypatch.setenv("SEIS_COMMIT", "abc1234")  # a copy without .git says where it came from
+    assert source_commit(tmp_path) == "abc1234"

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
 from .. import tables
 from ..stats import fmt_range, summarize
+from .provenance import source_commit
 
 
 def _sync():
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     result = {
         "benchmark": "engine_speed", "model": args.model, "prompt_len": args.prompt_len,
-        "new_tokens": args.new_tokens, "reps": args.reps, "commit": _commit(),
+        "new_tokens": args.new_tokens, "reps": args.reps, "commit": source_commit(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "tok_per_s": {name: summarize(v) for name, v in times.items()},
@@ -99,16 +98,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result
-
-
-def _commit() -> str:
-    if os.environ.get("SEIS_COMMIT"):  # set when the tree was copied without its .git
-        return os.environ["SEIS_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .. import tables
-from .engine_speed import _commit
+from .provenance import source_commit
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     n = args.new_tokens  # decode steps
     label = args.label or (f"E0 + {args.stack}" if args.stack else str(args.engine_dir or "E0"))
     result = {
-        "benchmark": "kernel_profile", "label": label, "model": args.model, "commit": _commit(),
+        "benchmark": "kernel_profile", "label": label, "model": args.model, "commit": source_commit(),
         "device": torch.cuda.get_device_name(), "batch": args.batch, "new_tokens": n,
         "kernels_per_step": launches / n, "kernel_us_per_step": total_us / n,
         "busy_us_per_step": busy_us(intervals) / n, "wall_us_per_step": wall_us / n,

@@ -25,7 +25,7 @@ from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
 from ..stats import fmt_range, summarize
-from .engine_speed import _commit
+from .provenance import source_commit
 
 
 def systems(order: list[str], alone: bool, backends: list[str], work: Path, also: list[list[str]] = (),
@@ -197,7 +197,7 @@ def _result(args: argparse.Namespace, info: dict[str, dict], tokens: dict[str, l
     e0 = summarize(times["E0"])["median"]
     return {
         "benchmark": "ladder", "model": args.model, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "batch": args.batch, "reps": args.reps, "commit": _commit(),
+        "batch": args.batch, "reps": args.reps, "commit": source_commit(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "tok_per_s": {n: summarize(v) for n, v in times.items()},
         "speedup_vs_e0": {n: summarize([x / e0 for x in v]) for n, v in times.items()},

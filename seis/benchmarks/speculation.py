@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from .. import tables
-from .engine_speed import _commit
+from .provenance import source_commit
 from .ladder import _drafts
 
 ENTRY = "ngram-speculation"
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
             runs.append(measure(args.compare, args.compare_gsm8k, args.compare_retrieval, args.max_new_tokens,
                                 args.compare_check, args.threads, Path(tmp), args.device))
     device = cpu_name() if args.device == "cpu" else args.device
-    result = {"benchmark": "speculation", "entry": ENTRY, "commit": _commit(), "device": device,
+    result = {"benchmark": "speculation", "entry": ENTRY, "commit": source_commit(), "device": device,
               "threads": args.threads, "max_new_tokens": args.max_new_tokens, "seconds": time.perf_counter() - t0,
               "argv": sys.argv[1:] if argv is None else argv, "runs": runs}
     table = markdown_table(runs)

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict:
     from ..engine_import import ENGINE_TEMPLATE
     from ..models import resolve_model
     from ..workspace.tree import scratch_dir, tree_hash
-    from .engine_speed import _commit
+    from .provenance import source_commit
 
     model_dir = Path(resolve_model(args.model))
     labelled = {}
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"benchmark": "versus", "model": args.model,
               "weights": _weights(args.model),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "commit": _commit(), "reps": args.reps, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+              "commit": source_commit(), "reps": args.reps, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
               "baseline": baseline, "systems": list(systems), "results": summary(results, baseline),
               "engine_stats": stats}
     print(render(result))
