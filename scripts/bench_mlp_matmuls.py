@@ -94,7 +94,8 @@ def bench(rows: list[int], tmp: Path, sweep: bool) -> dict:
 
         layer_us = {"E0 (cuBLAS, SiLU-and-mul kernel)": _us(layer(e0_mlp, F.linear)),
                     "batched-mlp-matmuls": _us(layer(entry_mlp, ops.linear))}
-        row = {"m": m, "alone": {k: {"cublas": a, "entry": b} for k, (a, b) in alone.items()}, "layer": layer_us, "tiles": tiles}
+        row = {"m": m, "alone": {k: {"cublas": a, "entry": b} for k, (a, b) in alone.items()}, "layer": layer_us,
+               "tiles": tiles}
         for k, (a, b) in alone.items():
             print(f"m={m} {k}: cuBLAS {fmt_range(a, 2)} us, entry {fmt_range(b, 2)} us", flush=True)
         for k, v in layer_us.items():

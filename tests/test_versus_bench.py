@@ -44,3 +44,21 @@ def test_versus_refuses_a_missing_minisgl_when_asked_for(monkeypatch):
     monkeypatch.setattr(versus.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SystemExit, match="not importable"):
         versus.main(["--model", "tiny-qwen3", "--minisgl", "on"])
+
+
+def test_several_stacks_each_under_its_label(tmp_path):
+    stacks = versus.parse_stacks(["greedy-multistep-decode", "both=greedy-multistep-decode,overlapped-greedy-chunks"])
+    assert stacks == [("E0 + greedy-multistep-decode", ["greedy-multistep-decode"]),
+                      ("both", ["greedy-multistep-decode", "overlapped-greedy-chunks"])]
+    assert versus.parse_stacks(["a,b"], "best stack") == [("best stack", ["a", "b"])]  # the older spelling
+    trees = versus.engine_trees(stacks, {}, [], tmp_path / "store", tmp_path)
+    assert list(trees) == ["E0", "E0 + greedy-multistep-decode", "both"]
+    assert trees["both"] != trees["E0 + greedy-multistep-decode"]
+    assert (trees["both"] / "engine" / "multistep.py").is_file()
+    for bad, why in ((["a", "b"], "names a single"), (["x="], "wants")):
+        with pytest.raises(SystemExit, match=why):
+            versus.parse_stacks(bad, "L" if why == "names a single" else "")
+    with pytest.raises(SystemExit, match="label taken"):
+        versus.engine_trees([("E0", ["greedy-multistep-decode"])], {}, [], tmp_path / "store", tmp_path / "again")
+    with pytest.raises(SystemExit, match="not in the library: nope"):
+        versus.engine_trees([("x", ["nope"])], {}, [], tmp_path / "store", tmp_path / "third")

@@ -1,6 +1,6 @@
 """Side by side: vanilla mini-sglang, E0 and any SEIS engines, on the same prompts at several batch sizes, in one run.
 
-    python -m seis.benchmarks.versus --model qwen3-0.6b-random [--stack a,b,c [--stack-label L]] [--engine LABEL=DIR]
+    python -m seis.benchmarks.versus --model qwen3-0.6b-random [--stack [LABEL=]a,b,c ...] [--engine LABEL=DIR]
                                      [--snapshot ID] [--batches 1,8,32] [--reps 3] [--minisgl auto|on|off]
                                      [--json F]
 
@@ -111,19 +111,36 @@ def wait_all_built(systems: dict) -> None:
         f.result()
 
 
-def engine_trees(stack: list[str], engines: dict[str, Path], snapshots: list[str], store: Path,
-                 work: Path, stack_label: str = "") -> dict[str, Path]:
-    """label -> engine tree: E0, the library stack on E0, --engine trees and stored snapshots."""
+def parse_stacks(values: list[str], stack_label: str = "") -> list[tuple[str, list[str]]]:
+    """(label, entries) of each --stack value, `[LABEL=]a,b,c`; the default label is "E0 + a + b + c".
+    --stack-label names a single stack (the older spelling of LABEL=)."""
+    if stack_label and len(values) != 1:
+        raise SystemExit("--stack-label names a single --stack; with several, give each one as LABEL=a,b,c")
+    stacks = []
+    for value in values:
+        label, _, names = value.rpartition("=")
+        entries = [n for n in names.split(",") if n]
+        if not entries:
+            raise SystemExit(f"--stack wants [LABEL=]a,b,c, not {value!r}")
+        stacks.append((stack_label or label or "E0 + " + " + ".join(entries), entries))
+    return stacks
+
+
+def engine_trees(stacks: list[tuple[str, list[str]]], engines: dict[str, Path], snapshots: list[str], store: Path,
+                 work: Path) -> dict[str, Path]:
+    """label -> engine tree: E0, each library stack on E0, --engine trees and stored snapshots."""
     from ..agents.offline.library import load_library
     from ..agents.offline.verify import build_candidate
     from ..engine_import import ENGINE_TEMPLATE
     out = {"E0": ENGINE_TEMPLATE}
-    if stack:
-        library = {t.name: t for t in load_library()}
+    library = {t.name: t for t in load_library()} if stacks else {}
+    for i, (label, stack) in enumerate(stacks):
         unknown = [n for n in stack if n not in library]
         if unknown:
             raise SystemExit(f"not in the library: {', '.join(unknown)} (known: {', '.join(sorted(library))})")
-        out[stack_label or "E0 + " + " + ".join(stack)] = build_candidate(work / "stack", [library[n] for n in stack])
+        if label in out:
+            raise SystemExit(f"--stack {label}: label taken")
+        out[label] = build_candidate(work / f"stack-{i}", [library[n] for n in stack])
     for label, path in engines.items():
         if label in out or not (path / "engine" / "__init__.py").is_file():
             raise SystemExit(f"--engine {label}={path}: label taken, or no engine package there")
@@ -238,8 +255,10 @@ def _weights(model: str) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-0.6b-random")
-    ap.add_argument("--stack", default="", help="library transformations stacked on E0, comma-separated")
-    ap.add_argument("--stack-label", default="", help="its name in the table (default: E0 + the entries)")
+    ap.add_argument("--stack", action="append", default=[], metavar="[LABEL=]A,B,C",
+                    help="library transformations stacked on E0, comma-separated; repeatable")
+    ap.add_argument("--stack-label", default="", help="the name of a single --stack in the table (default: "
+                                                      "E0 + the entries)")
     ap.add_argument("--engine", action="append", default=[], metavar="LABEL=DIR", help="an engine tree; repeatable")
     ap.add_argument("--snapshot", action="append", default=[], help="a stored snapshot id; repeatable")
     ap.add_argument("--store", type=Path, default=Path("store"))
@@ -270,6 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
     from .provenance import source_commit
 
     model_dir = Path(resolve_model(args.model))
+    stacks = parse_stacks(args.stack, args.stack_label)
     labelled = {}
     for v in args.engine:
         label, sep, path = v.partition("=")
@@ -280,8 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
     options = {"device": args.device, "max_batch_size": max(batches), "max_seq_len": 2048}
     systems: dict = {}
     with scratch_dir("seis-versus-") as tmp, ExitStack() as held:  # engines write their caches under tmp
-        trees = engine_trees([n for n in args.stack.split(",") if n], labelled, args.snapshot,
-                             args.store, tmp, args.stack_label)
+        trees = engine_trees(stacks, labelled, args.snapshot, args.store, tmp)
         shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), tmp / "cache-E0"))
         # each candidate's cache is a copy of E0's as it stands before anything builds (E0 writes into its own)
         caches = {label: shared if label == "E0" else private_cache(tmp / f"cache-{i}", shared)
