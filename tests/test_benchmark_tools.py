@@ -139,19 +139,22 @@ def test_a_benchmark_names_its_commit_and_says_when_the_checkout_differed(tmp_pa
     assert source_commit(tmp_path) == "unknown"  # no repository
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
     subprocess.run(git + ["init", "-q"], check=True)
-    (tmp_path / ".gitignore").write_text("ignored/\n")
-    (tmp_path / "kernel.py").write_text("a = 1\n")
+    code = tmp_path / "seis"
+    code.mkdir()
+    (code / "kernel.py").write_text("a = 1\n")
+    (tmp_path / "README.md").write_text("text\n")
     subprocess.run(git + ["add", "-A"], check=True)
     subprocess.run(git + ["commit", "-qm", "c"], check=True)
     head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert source_commit(tmp_path) == head
-    (tmp_path / "ignored").mkdir()
-    (tmp_path / "ignored" / "out.json").write_text("{}")
-    assert source_commit(tmp_path) == head  # what git ignores is not code that ran
-    (tmp_path / "new_kernel.py").write_text("b = 2\n")
+    (tmp_path / "versus.json").write_text("{}")  # a result written beside the code is not code that ran
+    (tmp_path / "README.md").write_text("more text\n")
+    assert source_commit(tmp_path) == head
+    (code / "library").mkdir()
+    (code / "library" / "patch.diff").write_text("+b = 2\n")  # a new entry, not yet committed
     assert source_commit(tmp_path) == head + "+changes"
-    (tmp_path / "new_kernel.py").unlink()
-    (tmp_path / "kernel.py").write_text("a = 3\n")
+    (code / "library" / "patch.diff").unlink()
+    (code / "kernel.py").write_text("a = 3\n")
     assert source_commit(tmp_path) == head + "+changes"
     monkeypatch.setenv("SEIS_COMMIT", "abc1234")  # a copy without .git says where it came from
     assert source_commit(tmp_path) == "abc1234"

@@ -6,12 +6,14 @@ import subprocess
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[2]
+CODE = ("seis", "engine_template", "flows", "scripts", "pyproject.toml")  # what a benchmark runs (not its outputs)
 
 
 def source_commit(repo: Path = PROJECT) -> str:
-    """The short commit of the checkout, with "+changes" when tracked files differ from it or files git does not
-    ignore were added: a figure then names the commit it started from and says the code that ran was not that
-    commit. SEIS_COMMIT, set where the tree was copied without its .git, is taken as it is; "unknown" without
+    """The short commit of the checkout, with "+changes" when the code under CODE differs from it (a tracked file
+    changed, or a file git does not ignore added, such as a new library entry): a figure then names the commit it
+    started from and says the code that ran was not that commit. Results written elsewhere in the checkout do not
+    count. SEIS_COMMIT, set where the tree was copied without its .git, is taken as it is; "unknown" without
     either."""
     if os.environ.get("SEIS_COMMIT"):
         return os.environ["SEIS_COMMIT"]
@@ -26,4 +28,4 @@ def source_commit(repo: Path = PROJECT) -> str:
     commit = git("rev-parse", "--short", "HEAD")
     if not commit:
         return "unknown"
-    return commit + ("+changes" if git("status", "--porcelain") else "")
+    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=all", "--", *CODE) else "")
