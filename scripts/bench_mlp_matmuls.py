@@ -53,15 +53,17 @@ def bench(rows: list[int], tmp: Path, sweep: bool) -> dict:
     report = {"device": torch.cuda.get_device_name(), "dtype": "bfloat16", "layers_per_graph": LAYERS, "rows": []}
     for m in rows:
         x, attn, act = (torch.randn(m, k, device=dev, dtype=dt) for k in (HIDDEN, Q_OUT, INTERMEDIATE))
-        alone = {
-            "gate-up + SiLU-and-mul": (
-                _us(lambda i: ops.silu_and_mul(F.linear(x, layers[i]["gate_up"]))),
-                _us(lambda i: mm.matmul(x, layers[i]["gate_up"], silu_gate_up=True))),
-            "O": (_us(lambda i: F.linear(attn, layers[i]["o"])), _us(lambda i: mm.matmul(attn, layers[i]["o"]))),
-            "down": (_us(lambda i: F.linear(act, layers[i]["down"])),
-                     _us(lambda i: mm.matmul(act, layers[i]["down"]))),
-        }
+        # each use: its input, its weight, whether the matmul ends in SiLU-and-mul (cuBLAS + E0's kernel then)
         uses = {"gate-up + SiLU-and-mul": (x, "gate_up", True), "O": (attn, "o", False), "down": (act, "down", False)}
+
+        def cublas(inp, name, silu):
+            def call(i):
+                y = F.linear(inp, layers[i][name])
+                return ops.silu_and_mul(y) if silu else y
+            return call
+
+        alone = {use: (_us(cublas(inp, name, silu)), _us(lambda i: mm.matmul(inp, layers[i][name], silu)))
+                 for use, (inp, name, silu) in uses.items()}
         tiles = {}
         for use, (inp, name, silu) in uses.items() if sweep else ():
             timed = []
