@@ -99,6 +99,15 @@ def test_idle_gaps_name_the_kernels_around_them():
     assert kernel_profile.idle_after(iv, 2, 8) == {"copy": 2.0, "attn": 1.0, "embed": 0.5}
 
 
+def test_kernel_profile_builds_its_stack_before_it_asks_for_a_device(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="not in the library: nope"):
+        kernel_profile.main(["--stack", "triton-gemv,nope"])
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        kernel_profile.main(["--stack", "triton-gemv,greedy-multistep-decode"])  # the tree was built
+
+
 def test_ladder_builds_an_entry_alone_after_its_prerequisites(tmp_path):
     got = ladder.systems(["gate-up-silu-epilogue"], True, [], tmp_path)
     tree = got["E0 + gate-up-silu-epilogue"][0]

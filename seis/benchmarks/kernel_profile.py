@@ -42,13 +42,14 @@ def main(argv: list[str] | None = None) -> dict:
     from ..engine_import import ENGINE_TEMPLATE, import_engine
     from ..models import resolve_model
 
+    engine_dir = args.engine_dir or ENGINE_TEMPLATE
+    if args.stack:  # built before the device check: a misspelt entry is found on any machine
+        from .versus import engine_trees
+        stack = [("stack", args.stack.split(","))]
+        engine_dir = engine_trees(stack, {}, [], Path(), Path(tempfile.mkdtemp()))["stack"]
     if not torch.cuda.is_available():
         raise SystemExit("kernel_profile needs a CUDA device")
     model_dir = resolve_model(args.model)
-    engine_dir = args.engine_dir or ENGINE_TEMPLATE
-    if args.stack:
-        from .versus import engine_trees
-        engine_dir = engine_trees(args.stack.split(","), {}, [], Path(), Path(tempfile.mkdtemp()), "stack")["stack"]
     E = import_engine(engine_dir)
     eng = E.Engine(model_dir, E.EngineOptions(max_batch_size=max(8, args.batch), max_seq_len=2048)).build()
     gen = torch.Generator().manual_seed(0)
