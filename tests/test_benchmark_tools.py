@@ -108,6 +108,28 @@ def test_kernel_profile_builds_its_stack_before_it_asks_for_a_device(monkeypatch
         kernel_profile.main(["--stack", "triton-gemv,greedy-multistep-decode"])  # the tree was built
 
 
+def test_the_ablation_stubs_take_the_arguments_of_the_functions_they_replace():
+    # In a fresh process: it imports the best stack's engine. A renamed or re-signed primitive must fail here, not
+    # on the GPU.
+    check = """
+import inspect, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, "scripts")
+import bench_ablation as b
+from seis.benchmarks.versus import engine_trees
+tree = engine_trees([("s", b.BEST_STACK.split(","))], {}, [], Path(), Path(tempfile.mkdtemp()))["s"]
+targets = b.stub_targets(tree)
+for stubs in b.STUBS.values():
+    for key, stub in stubs.items():
+        params = inspect.signature(targets[key]).parameters.values()
+        inspect.signature(stub).bind(*[p.name for p in params if p.default is inspect.Parameter.empty])
+print(len(targets))
+"""
+    done = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["6"]
+
+
 def test_ladder_builds_an_entry_alone_after_its_prerequisites(tmp_path):
     got = ladder.systems(["gate-up-silu-epilogue"], True, [], tmp_path)
     tree = got["E0 + gate-up-silu-epilogue"][0]
