@@ -62,3 +62,35 @@ def test_several_stacks_each_under_its_label(tmp_path):
         versus.engine_trees([("E0", ["greedy-multistep-decode"])], {}, [], tmp_path / "store", tmp_path / "again")
     with pytest.raises(SystemExit, match="not in the library: nope"):
         versus.engine_trees([("x", ["nope"])], {}, [], tmp_path / "store", tmp_path / "third")
+
+
+class _Recording:
+    """A system that records what ends its requests and returns requests of fixed length."""
+
+    def __init__(self, eos=None):
+        if eos is not None:
+            self.eos_token_ids = eos
+        self.stops = []
+
+    def generate(self, prompts, max_new_tokens, stop_ids):
+        self.stops.append(stop_ids)
+        return [[1] * max_new_tokens for _ in prompts]
+
+
+def test_with_vanilla_in_the_run_every_system_stops_on_its_eos_ids():
+    # A model's config may name more EOS ids than its tokenizer (Qwen3: two); mini-sglang stops on the tokenizer's
+    # alone, so the engines must too, or the gsm8k rows compare requests of different lengths.
+    vanilla, e0 = _Recording(eos=(258,)), _Recording()
+    calls = {("random", 2): [[[5, 6], [7]]] * 4, ("gsm8k", 2): [[[5, 6], [7]]] * 4}
+    versus.measure({versus.VANILLA: vanilla, "E0": e0}, calls, new_tokens=3, reps=3)
+    assert vanilla.stops == e0.stops == [()] * 4 + [(258,)] * 4  # forced length, then vanilla's EOS for both
+    alone = _Recording()
+    versus.measure({"E0": alone}, calls, new_tokens=3, reps=3)
+    assert alone.stops == [()] * 4 + [None] * 4  # without vanilla: the engine's own EOS ids
+
+
+def test_minisgl_refuses_stop_ids_it_cannot_honour():
+    m = versus.MiniSgl.__new__(versus.MiniSgl)
+    m.eos_token_ids = (258,)
+    with pytest.raises(ValueError, match="stops only on its tokenizer's EOS"):
+        m.generate([[1]], 4, (256, 258))

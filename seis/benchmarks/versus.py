@@ -6,7 +6,8 @@
 
 Two workloads at every batch size: `random` (--prompt-len random token ids, exactly --new-tokens forced new tokens:
 the decode shape of the speed issue) and `gsm8k` (GSM8K test questions with the model's chat template where it has
-one, greedy, EOS on, at most --new-tokens: natural length). Each batch is sent as one call; every repetition uses
+one, greedy, EOS on, at most --new-tokens: natural length; with vanilla mini-sglang in the run every system stops
+on the ids it stops on, its tokenizer's EOS, so that all of them stop where vanilla would). Each batch is sent as one call; every repetition uses
 fresh prompts and times every system once, in rotating order, so drift hits them alike. tok/s = generated tokens
 of the call / its wall time (prefill included); median (min–max) over repetitions; ratios are paired per repetition
 (same prompts) against the baseline: vanilla mini-sglang when it is importable (`minisgl`, from
@@ -51,7 +52,7 @@ class MiniSgl:
         self.timeout_s = timeout_s
 
     def wait_built(self) -> None:
-        self._read()  # its "ready" line
+        self.eos_token_ids = tuple(self._read()["eos_token_ids"])  # its "ready" line
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -59,9 +60,12 @@ class MiniSgl:
             raise RuntimeError(f"mini-sglang exited (code {self.proc.wait()}); its log is on stderr")
         return json.loads(line)
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_ids: tuple[int, ...] | None
+                 ) -> list[list[int]]:
+        if stop_ids and stop_ids != self.eos_token_ids:
+            raise ValueError(f"mini-sglang stops only on its tokenizer's EOS {self.eos_token_ids}, not {stop_ids}")
         self.proc.stdin.write(json.dumps({"prompts": prompts, "max_new_tokens": max_new_tokens,
-                                          "ignore_eos": ignore_eos}) + "\n")
+                                          "ignore_eos": stop_ids == ()}) + "\n")
         return self._read()["token_ids"]
 
     def close(self) -> None:
@@ -84,9 +88,12 @@ class SeisEngine:
     def wait_built(self) -> None:
         self.build = self.proc.build()
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_ids: tuple[int, ...] | None
+                 ) -> list[list[int]]:
+        """stop_ids None: the engine's own EOS ids; else exactly these (none: every request runs to the limit)."""
         from ..engine_host.client import Sampling
-        sampling = Sampling(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+        sampling = Sampling(max_new_tokens=max_new_tokens) if stop_ids is None else \
+            Sampling(max_new_tokens=max_new_tokens, ignore_eos=True, stop_token_ids=stop_ids)
         return [o["token_ids"] for o in self.proc.generate(prompts, sampling)]
 
     def stats(self) -> dict:
@@ -178,21 +185,30 @@ def workloads(model_dir: Path, batches: list[int], reps: int, prompt_len: int, g
     return out
 
 
+def stop_ids(systems: dict, workload: str) -> tuple[int, ...] | None:
+    """What ends a request: nothing on the random workload (forced length); on gsm8k vanilla mini-sglang's EOS ids
+    for every system when it is in the run (it stops on its tokenizer's EOS only, a model's config may name more),
+    else each engine's own (None)."""
+    if workload == "random":
+        return ()
+    return systems[VANILLA].eos_token_ids if VANILLA in systems else None
+
+
 def measure(systems: dict, calls: dict, new_tokens: int, reps: int) -> dict[tuple[str, int], dict[str, Measured]]:
     results: dict[tuple[str, int], dict[str, Measured]] = {}
     names = list(systems)
     for (workload, b), batches in calls.items():
-        ignore_eos = workload == "random"
+        stop = stop_ids(systems, workload)
         got = {n: Measured() for n in names}
         for name in names:  # warm-up: kernels compiled, graphs of this batch size captured, memory grown
-            systems[name].generate(batches[0], new_tokens, ignore_eos)
+            systems[name].generate(batches[0], new_tokens, stop)
         for rep, prompts in enumerate(batches[1:]):
             k = rep % len(names)
             for name in names[k:] + names[:k]:
                 t0 = time.perf_counter()
-                outs = systems[name].generate(prompts, new_tokens, ignore_eos)
+                outs = systems[name].generate(prompts, new_tokens, stop)
                 wall = time.perf_counter() - t0
-                if len(outs) != len(prompts) or (ignore_eos and any(len(o) != new_tokens for o in outs)):
+                if len(outs) != len(prompts) or (stop == () and any(len(o) != new_tokens for o in outs)):
                     raise SystemExit(f"{name} returned {[len(o) for o in outs]} tokens for {len(prompts)} requests "
                                      f"({workload}, batch {b})")
                 got[name].tok_per_s.append(sum(len(o) for o in outs) / wall)
@@ -231,8 +247,8 @@ def render(result: dict) -> str:
         if not keys:
             continue
         what = (f"{result['prompt_len']}-token random prompts, {result['new_tokens']} forced new tokens"
-                if workload == "random" else f"GSM8K test questions, greedy, EOS on, at most {result['new_tokens']} "
-                                             f"new tokens")
+                if workload == "random" else f"GSM8K test questions, greedy, at most {result['new_tokens']} new tokens, "
+                                             f"stopping at {_stops(result)}")
         header = ["tok/s", *[f"batch {k.split('@')[1]}" for k in keys]]
         rows = []
         for name in result["systems"]:
@@ -244,6 +260,13 @@ def render(result: dict) -> str:
             rows.append([name, *cells])
         lines += ["", f"{workload}: {what}", tables.markdown(header, rows)]
     return "\n".join(lines)
+
+
+def _stops(result: dict) -> str:
+    ids = result.get("gsm8k_stop_ids")
+    if ids is None:
+        return "each engine's EOS ids"
+    return f"{VANILLA}'s EOS ids ({', '.join(map(str, ids))}) for every system" if ids else "no EOS (none known)"
 
 
 def _weights(model: str) -> str:
@@ -312,6 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
                 systems[label] = SeisEngine(tree, model_dir, options, caches[label])
             wait_all_built(systems)
             results = measure(systems, calls, args.new_tokens, args.reps)
+            gsm8k_stop = stop_ids(systems, "gsm8k")
             stats = {n: s.stats() for n, s in systems.items() if isinstance(s, SeisEngine)}
         finally:
             for s in systems.values():
@@ -322,6 +346,7 @@ def main(argv: list[str] | None = None) -> dict:
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "commit": source_commit(), "reps": args.reps, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
               "baseline": baseline, "systems": list(systems), "results": summary(results, baseline),
+              "gsm8k_stop_ids": None if gsm8k_stop is None else list(gsm8k_stop),
               "engine_stats": stats}
     print(render(result))
     if args.json:
