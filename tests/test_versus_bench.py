@@ -94,3 +94,20 @@ def test_minisgl_refuses_stop_ids_it_cannot_honour():
     m.eos_token_ids = (258,)
     with pytest.raises(ValueError, match="stops only on its tokenizer's EOS"):
         m.generate([[1]], 4, (256, 258))
+
+
+def test_a_minisgl_that_stops_answering_ends_the_run_with_its_name():
+    # A worker that says it is ready, then never answers: the call's time limit ends the run, naming the system.
+    import sys
+    silent = [sys.executable, "-c",
+              "import json, sys; print(json.dumps({'ready': True, 'eos_token_ids': [2]}), flush=True); "
+              "sys.stdin.readline(); sys.stdin.read()"]  # silent until its stdin closes
+    m = versus.MiniSgl(None, call_timeout_s=1.0, command=silent)
+    try:
+        m.wait_built()
+        assert m.eos_token_ids == (2,)
+        with pytest.raises(SystemExit, match="vanilla mini-sglang failed on random at batch 1: .*within 1 s"):
+            versus.measure({versus.VANILLA: m}, {("random", 1): [[[5]]] * 4}, new_tokens=2, reps=3)
+    finally:
+        m.close()
+    assert m.proc.poll() is not None  # closed: not left running

@@ -2,13 +2,14 @@
 
     python -m seis.benchmarks.versus --model qwen3-0.6b-random [--stack [LABEL=]a,b,c ...] [--engine LABEL=DIR]
                                      [--snapshot ID] [--batches 1,8,32] [--reps 3] [--minisgl auto|on|off]
-                                     [--json F]
+                                     [--call-timeout 300] [--json F]
 
 Two workloads at every batch size: `random` (--prompt-len random token ids, exactly --new-tokens forced new tokens:
 the decode shape of the speed issue) and `gsm8k` (GSM8K test questions with the model's chat template where it has
 one, greedy, EOS on, at most --new-tokens: natural length; with vanilla mini-sglang in the run every system stops
-on the ids it stops on, its tokenizer's EOS, so that all of them stop where vanilla would). Each batch is sent as one call; every repetition uses
-fresh prompts and times every system once, in rotating order, so drift hits them alike. tok/s = generated tokens
+on the ids vanilla stops on, its tokenizer's EOS, so that all of them stop where it would). Each batch is sent as
+one call; every repetition uses fresh prompts and times every system once, in rotating order, so drift hits them
+alike. tok/s = generated tokens
 of the call / its wall time (prefill included); median (min–max) over repetitions; ratios are paired per repetition
 (same prompts) against the baseline: vanilla mini-sglang when it is importable (`minisgl`, from
 sgl-project/mini-sglang), else E0, and the table says which.
@@ -16,12 +17,15 @@ sgl-project/mini-sglang), else E0, and the table says which.
 SEIS engines run in their sandboxed processes (as the gate runs them); mini-sglang runs in its own process through
 its own offline API (`seis.benchmarks.minisgl_worker`). The systems are built at the same time (each build is its
 own process: model load, kernel compilation, CUDA-graph capture) and timed one after another once all are up.
+Progress goes to stderr, each system's warm-up call named before it starts; a system that gives no answer to a
+call within --call-timeout seconds, or dies, ends the run with its name, the workload and the batch size.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import select
 import subprocess
 import sys
 import time
@@ -44,17 +48,23 @@ class Measured:
 
 
 class MiniSgl:
-    """mini-sglang in its own process (minisgl_worker)."""
+    """mini-sglang in its own process (minisgl_worker). A build or a call that gives no answer in its time raises
+    TimeoutError (the process is killed when the benchmark closes its systems)."""
 
-    def __init__(self, model_dir: Path, timeout_s: float = 900.0):
-        self.proc = subprocess.Popen([sys.executable, "-m", "seis.benchmarks.minisgl_worker", str(model_dir)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        self.timeout_s = timeout_s
+    def __init__(self, model_dir: Path, build_timeout_s: float = 900.0, call_timeout_s: float = 300.0,
+                 command: list[str] | None = None):
+        command = command or [sys.executable, "-m", "seis.benchmarks.minisgl_worker", str(model_dir)]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.build_timeout_s, self.call_timeout_s = build_timeout_s, call_timeout_s
 
     def wait_built(self) -> None:
-        self.eos_token_ids = tuple(self._read()["eos_token_ids"])  # its "ready" line
+        self.eos_token_ids = tuple(self._read(self.build_timeout_s, "its build")["eos_token_ids"])  # "ready"
 
-    def _read(self) -> dict:
+    def _read(self, timeout_s: float, what: str) -> dict:
+        # One line answers each request and nothing is sent unasked, so the pipe holds no read-ahead: select on it
+        # is an honest "has the answer come".
+        if not select.select([self.proc.stdout], [], [], timeout_s)[0]:
+            raise TimeoutError(f"mini-sglang gave no answer to {what} within {timeout_s:.0f} s")
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"mini-sglang exited (code {self.proc.wait()}); its log is on stderr")
@@ -66,22 +76,25 @@ class MiniSgl:
             raise ValueError(f"mini-sglang stops only on its tokenizer's EOS {self.eos_token_ids}, not {stop_ids}")
         self.proc.stdin.write(json.dumps({"prompts": prompts, "max_new_tokens": max_new_tokens,
                                           "ignore_eos": stop_ids == ()}) + "\n")
-        return self._read()["token_ids"]
+        return self._read(self.call_timeout_s, f"a call of {len(prompts)} requests")["token_ids"]
 
     def close(self) -> None:
-        self.proc.stdin.close()
         try:
+            self.proc.stdin.close()
             self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, BrokenPipeError):
             self.proc.kill()
+            self.proc.wait()
 
 
 class SeisEngine:
     """An engine tree in its sandboxed process (EngineProcess)."""
 
-    def __init__(self, engine_dir: Path, model_dir: Path, options: dict, cache_dir: Path):
+    def __init__(self, engine_dir: Path, model_dir: Path, options: dict, cache_dir: Path,
+                 call_timeout_s: float = 300.0):
         from ..engine_host import EngineProcess
         self.proc = EngineProcess(engine_dir, model_dir, options, timeout_s=900, cache_dir=cache_dir)
+        self.call_timeout_s = call_timeout_s
         self.proc.start()  # from the main thread: the sandbox dies with the thread that started it
         self.build: dict = {}
 
@@ -94,7 +107,7 @@ class SeisEngine:
         from ..engine_host.client import Sampling
         sampling = Sampling(max_new_tokens=max_new_tokens) if stop_ids is None else \
             Sampling(max_new_tokens=max_new_tokens, ignore_eos=True, stop_token_ids=stop_ids)
-        return [o["token_ids"] for o in self.proc.generate(prompts, sampling)]
+        return [o["token_ids"] for o in self.proc.generate(prompts, sampling, timeout_s=self.call_timeout_s)]
 
     def stats(self) -> dict:
         return self.proc.stats()
@@ -194,6 +207,13 @@ def stop_ids(systems: dict, workload: str) -> tuple[int, ...] | None:
     return systems[VANILLA].eos_token_ids if VANILLA in systems else None
 
 
+def _call(systems: dict, name: str, prompts: list[list[int]], new_tokens: int, stop, where: str):
+    try:
+        return systems[name].generate(prompts, new_tokens, stop)
+    except (TimeoutError, RuntimeError) as exc:  # a hung or dead system (EngineError too) ends the run, named
+        raise SystemExit(f"{name} failed on {where}: {exc}") from exc
+
+
 def measure(systems: dict, calls: dict, new_tokens: int, reps: int) -> dict[tuple[str, int], dict[str, Measured]]:
     results: dict[tuple[str, int], dict[str, Measured]] = {}
     names = list(systems)
@@ -201,12 +221,13 @@ def measure(systems: dict, calls: dict, new_tokens: int, reps: int) -> dict[tupl
         stop = stop_ids(systems, workload)
         got = {n: Measured() for n in names}
         for name in names:  # warm-up: kernels compiled, graphs of this batch size captured, memory grown
-            systems[name].generate(batches[0], new_tokens, stop)
+            print(f"{workload} at batch {b}: warming up {name}", file=sys.stderr, flush=True)
+            _call(systems, name, batches[0], new_tokens, stop, f"{workload} at batch {b}")
         for rep, prompts in enumerate(batches[1:]):
             k = rep % len(names)
             for name in names[k:] + names[:k]:
                 t0 = time.perf_counter()
-                outs = systems[name].generate(prompts, new_tokens, stop)
+                outs = _call(systems, name, prompts, new_tokens, stop, f"{workload} at batch {b}")
                 wall = time.perf_counter() - t0
                 if len(outs) != len(prompts) or (stop == () and any(len(o) != new_tokens for o in outs)):
                     raise SystemExit(f"{name} returned {[len(o) for o in outs]} tokens for {len(prompts)} requests "
@@ -293,6 +314,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--minisgl", choices=("auto", "on", "off"), default="auto",
                     help="vanilla mini-sglang: when importable (auto), required (on), or left out (off)")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--call-timeout", type=float, default=300.0,
+                    help="seconds one batch call of a system may take (warm-up included) before the run stops")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -330,9 +353,9 @@ def main(argv: list[str] | None = None) -> dict:
                   for i, label in enumerate(trees)}
         try:
             if with_vanilla:
-                systems[VANILLA] = MiniSgl(model_dir)
+                systems[VANILLA] = MiniSgl(model_dir, call_timeout_s=args.call_timeout)
             for label, tree in trees.items():
-                systems[label] = SeisEngine(tree, model_dir, options, caches[label])
+                systems[label] = SeisEngine(tree, model_dir, options, caches[label], args.call_timeout)
             wait_all_built(systems)
             results = measure(systems, calls, args.new_tokens, args.reps)
             gsm8k_stop = stop_ids(systems, "gsm8k")
