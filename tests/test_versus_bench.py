@@ -111,3 +111,10 @@ def test_a_minisgl_that_stops_answering_ends_the_run_with_its_name():
     finally:
         m.close()
     assert m.proc.poll() is not None  # closed: not left running
+
+
+def test_the_minisgl_worker_counts_a_final_eos_as_the_engines_do():
+    from seis.benchmarks.minisgl_worker import with_eos
+    assert with_eos([5, 6], 4, 2) == [5, 6, 2]  # stopped on EOS: mini-sglang left it out
+    assert with_eos([5, 6, 7], 4, 2) == [5, 6, 7, 2]  # EOS ignored, but the last token was EOS: left out too
+    assert with_eos([5, 6, 7, 8], 4, 2) == [5, 6, 7, 8]  # reached the limit on another token

@@ -30,8 +30,16 @@ def main(argv: list[str] | None = None) -> int:
         req = json.loads(line)
         params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"], ignore_eos=req["ignore_eos"])
         outs = llm.generate(req["prompts"], params)
-        protocol.write(json.dumps({"token_ids": [o["token_ids"] for o in outs]}) + "\n")
+        ids = [with_eos(o["token_ids"], req["max_new_tokens"], eos) for o in outs]
+        protocol.write(json.dumps({"token_ids": ids}) + "\n")
     return 0
+
+
+def with_eos(ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
+    """mini-sglang leaves a request's last token out of its output when that token is EOS, whether the request
+    stopped on it or reached its limit with it (EOS ignored); SEIS engines keep it. A request is short of its
+    limit only then, so the EOS is put back: every system counts the tokens it decoded."""
+    return ids + [eos] if len(ids) < max_new_tokens else ids
 
 
 if __name__ == "__main__":
