@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ratio = float(argv[1]) if len(argv) > 1 else 0.3
     llm = LLM(argv[0], attention_backend="fi", cuda_graph_max_bs=64, memory_ratio=ratio)
-    eos = llm.eos_token_id
-    protocol.write(json.dumps({"ready": True, "eos_token_ids": [eos] if isinstance(eos, int) else list(eos)}) + "\n")
+    eos = llm.eos_token_id  # one id (its tokenizer's; None: it never stops early), compared with each new token
+    protocol.write(json.dumps({"ready": True, "eos_token_ids": [] if eos is None else [eos]}) + "\n")
     for line in sys.stdin:
         req = json.loads(line)
         params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"], ignore_eos=req["ignore_eos"])
