@@ -104,23 +104,22 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_ablation needs a CUDA device")
     from seis.benchmarks.provenance import source_commit
-    from seis.benchmarks.versus import engine_trees
+    from seis.benchmarks.versus import engine_trees, workloads
     from seis.models import resolve_model
+    from seis.models.model_config import read_model_config
     from seis.stats import fmt_range, summarize
 
     batches = [int(b) for b in args.batches.split(",")]
     model_dir = Path(resolve_model("qwen3-0.6b-random"))
-    gen = torch.Generator().manual_seed(0)
-    prompts = {b: [[torch.randint(0, 20000, (100,), generator=gen).tolist() for _ in range(b)]
-                   for _ in range(args.reps + 1)] for b in batches}
+    prompts = {b: calls for (_, b), calls in workloads(model_dir, batches, args.reps, 100, gsm8k=False).items()}
     tree = engine_trees([("stack", args.stack.split(","))], {}, [], Path(), Path(tempfile.mkdtemp()))["stack"]
     originals = stub_targets(tree)
     E = sys.modules["engine"]
     modules = {mod: importlib.import_module(f"engine.kernels.{mod}") for mod, _ in originals}
-    cfg = json.loads((model_dir / "config.json").read_text())
-    qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * cfg["head_dim"]
+    cfg = read_model_config(model_dir)
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     probe = torch.empty(0, dtype=torch.bfloat16, device="cuda")
-    for cols in (cfg["hidden_size"], cfg["intermediate_size"], qkv, cfg["vocab_size"]):
+    for cols in (cfg.hidden_size, cfg.raw["intermediate_size"], qkv, cfg.vocab_size):
         _empty(probe, 0, cols)  # every width a stub returns, zeroed before any graph is captured
     report = {"device": torch.cuda.get_device_name(), "commit": source_commit(), "stack": args.stack,
               "weights": "random", "variants": {}}
@@ -136,12 +135,13 @@ def main() -> None:
         report["variants"][variant] = {str(b): summarize(v) for b, v in tps.items()}
         print(f"{variant}: " + ", ".join(f"batch {b} {fmt_range(summarize(v), 0)} tok/s" for b, v in tps.items()),
               flush=True)
-    full = report["variants"]["none (the whole engine)"]
-    for variant, per_batch in report["variants"].items():
+    for per_batch in report["variants"].values():
         for b, s in per_batch.items():
-            # microseconds a decode step spends on what the variant removed (a step makes b tokens)
-            s["step_us"] = 1e6 * int(b) / s["median"]
-            s["saved_us_per_step"] = full[b]["median"] and 1e6 * int(b) * (1 / full[b]["median"] - 1 / s["median"])
+            s["step_us"] = 1e6 * int(b) / s["median"]  # a step makes b tokens
+    full = report["variants"]["none (the whole engine)"]
+    for per_batch in report["variants"].values():  # what a step spends on what the variant removed
+        for b, s in per_batch.items():
+            s["saved_us_per_step"] = full[b]["step_us"] - s["step_us"]
     text = json.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text)
