@@ -130,6 +130,13 @@ print(len(targets))
     assert done.stdout.split() == ["6"]
 
 
+def test_the_ablation_refuses_a_stack_it_cannot_stub(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import bench_ablation
+    with pytest.raises(SystemExit, match="no stub for bounded-greedy-head"):
+        bench_ablation.main(["--stack", bench_ablation.BEST_STACK + ",bounded-greedy-head"])
+
+
 def test_ladder_builds_an_entry_alone_after_its_prerequisites(tmp_path):
     got = ladder.systems(["gate-up-silu-epilogue"], True, [], tmp_path)
     tree = got["E0 + gate-up-silu-epilogue"][0]
