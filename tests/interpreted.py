@@ -12,11 +12,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_interpreted(check: str, candidate: Path, cwd: Path, timeout_s: float = 300) -> str:
-    """The check's stdout; the check gets the candidate's engine directory as argv[1]."""
+def run_interpreted(check: str, candidate: Path, cwd: Path, timeout_s: float = 300, args: list[str] = ()) -> str:
+    """The check's stdout; the check gets the candidate's engine directory as argv[1], then `args`."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", check, str(candidate)], cwd=cwd, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", check, str(candidate), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     return done.stdout

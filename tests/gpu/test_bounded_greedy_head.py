@@ -1,7 +1,7 @@
-"""GPU checks of the `bounded-greedy-head` library entry. Compiled, at Qwen3-0.6B's head (151,936 x 1,024, bf16):
-the token of the int8 pass and its candidates is the argmax of triton-gemv's full-head logits, launched directly
-and replayed from a CUDA graph. In an engine (CUDA graphs on): one-row greedy steps take the bounded head, and the
-tokens equal those of the same engine without it, fp32 and bf16 tiny-qwen3 and bf16 qwen3-0.6b-random.
+"""GPU checks of the `bounded-greedy-head` and `batched-bounded-greedy-head` library entries. Compiled, at
+Qwen3-0.6B's head (151,936 x 1,024, bf16): each row's token of the int8 pass and its candidates is the argmax of the
+engine's full-head logits (1, 8 and 32 rows), launched directly and replayed from a CUDA graph. In an engine (CUDA
+graphs on): greedy steps take the bounded head, and the tokens equal those of the same engine without it.
 
 Each check runs in a child process: a process may host one `engine` package, the candidate's.
 
@@ -32,42 +32,37 @@ import torch
 from seis.engine_import import import_engine
 
 import_engine(sys.argv[1])
-from engine.kernels import bounded_head, triton_gemv
+from engine.kernels import bounded_head, triton_ops
 
+rows = int(sys.argv[2])
 g = torch.Generator(device="cuda").manual_seed(0)
 vocab, k = 151936, 1024
 w = (torch.randn(vocab, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
 nw = (torch.rand(k, device="cuda", generator=g) + 0.5).to(torch.bfloat16)
-head = bounded_head.BoundedGreedyHead(w, nw, 1e-6)
-hidden = torch.empty(1, k, device="cuda", dtype=torch.bfloat16)
+head = bounded_head.BoundedGreedyHead(w, nw, 1e-6, **({"max_rows": rows} if rows > 1 else {}))
+hidden = torch.empty(rows, k, device="cuda", dtype=torch.bfloat16)
 residual = torch.empty_like(hidden)
-ids, pos, start = (torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(3))
-tokens = torch.zeros((1, 1), dtype=torch.int64, device="cuda")
-table = torch.zeros((1, 4), dtype=torch.int32, device="cuda")
-slots, seq = torch.zeros(1, dtype=torch.int64, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
+ids, pos, start = (torch.zeros(rows, dtype=torch.int64, device="cuda") for _ in range(3))
+tokens = torch.zeros((1, rows), dtype=torch.int64, device="cuda")
+table = torch.zeros((rows, 4), dtype=torch.int32, device="cuda")
+slots, seq = torch.zeros(rows, dtype=torch.int64, device="cuda"), torch.zeros(rows, dtype=torch.int32, device="cuda")
 step = lambda: head(hidden, residual, ids, pos, start, tokens, table, slots, seq, 16)
 step()  # compile outside the capture
 graph = torch.cuda.CUDAGraph()
 with torch.cuda.graph(graph):
     step()
-counts = []
-for trial in range(100):
-    hidden.copy_(torch.randn(1, k, device="cuda", generator=g))
-    residual.copy_(torch.randn(1, k, device="cuda", generator=g))
-    logits = triton_gemv.norm_gemv(hidden, residual, nw, 1e-6, w, rows=torch.zeros(1, dtype=torch.int64,
-                                                                                     device="cuda"))[0]
-    want = int(logits.float().argmax())
+for trial in range(100 // rows + 2):
+    hidden.copy_(torch.randn(rows, k, device="cuda", generator=g))
+    residual.copy_(torch.randn(rows, k, device="cuda", generator=g))
+    # the engine's head: triton-gemv's GEMV for one row, E0's add-RMSNorm and cuBLAS for more
+    logits = triton_ops.norm_linear_rows(hidden.clone(), residual.clone(), torch.arange(rows, device="cuda"), nw,
+                                         1e-6, w)
+    want = logits.float().argmax(-1).tolist()
     for launch in (step, graph.replay):
         pos.zero_(); start.zero_()
         launch()
-        assert int(tokens[0, 0]) == want == int(ids[0]) and int(pos[0]) == 1, (trial, want, int(tokens[0, 0]))
-    dt, x = torch.bfloat16, head.x[:k].float()
-    t = x.abs().max() / 127
-    slack = head.bound * x.norm() + head.norm * (x - torch.floor(x / t + 0.5).clamp(-127, 127) * t).norm()
-    lower = head.upper - 2 * slack
-    counts.append(int((head.upper.to(dt).float() >= lower.max().to(dt).float()).sum()))
-counts.sort()
-print(f"trials 100 candidates median {counts[50]} max {counts[-1]}")
+        assert tokens[0].tolist() == want == ids.tolist() and not pos.ne(1).any(), (trial, want, tokens[0])
+print(f"rows {rows} trials {100 // rows + 2}")
 '''
 
 ENGINE = r'''
@@ -81,7 +76,7 @@ engine = import_engine(sys.argv[1])
 from engine.kernels import bounded_head
 
 model, dtype = sys.argv[2], sys.argv[3]
-prompts = json.loads(sys.argv[4])
+prompts, rows = json.loads(sys.argv[4]), int(sys.argv[5])
 calls = []
 original = bounded_head.BoundedGreedyHead.__call__
 bounded_head.BoundedGreedyHead.__call__ = lambda self, *a: calls.append(1) or original(self, *a)
@@ -94,7 +89,8 @@ def tokens(with_head):
                                                                    max_seq_len=512))
     eng.build()
     sampling = engine.SamplingParams(max_new_tokens=40, ignore_eos=True)
-    return [eng.generate([p], sampling)[0].token_ids for p in prompts]  # one request a call: one-row steps
+    calls = [prompts[i : i + rows] for i in range(0, len(prompts), rows)]  # steps of `rows` rows
+    return [g.token_ids for call in calls for g in eng.generate(list(call), sampling)]
 
 
 with_head = tokens(True)
@@ -114,17 +110,22 @@ def _child(script: str, *args: str) -> str:
     return done.stdout
 
 
-@pytest.fixture(scope="module")
-def candidate(tmp_path_factory):
-    return library_candidate("bounded-greedy-head", tmp_path_factory.mktemp("candidate") / "engine_dir")
+def _candidate(entry: str, tmp_path_factory) -> Path:
+    return library_candidate(entry, tmp_path_factory.mktemp("candidate") / "engine_dir")
 
 
-def test_the_head_picks_triton_gemvs_argmax_at_qwen3_shape(candidate):
-    assert "trials 100" in _child(KERNEL, str(candidate))
+@pytest.mark.parametrize("entry,rows", [("bounded-greedy-head", 1), ("batched-bounded-greedy-head", 8),
+                                        ("batched-bounded-greedy-head", 32)])
+def test_the_head_picks_the_full_heads_argmax_at_qwen3_shape(tmp_path_factory, entry, rows):
+    assert f"rows {rows}" in _child(KERNEL, str(_candidate(entry, tmp_path_factory)), str(rows))
 
 
-@pytest.mark.parametrize("model,dtype", [("tiny-qwen3", "float32"), ("tiny-qwen3", "bfloat16"),
-                                         ("qwen3-0.6b-random", "bfloat16")])
-def test_an_engine_with_the_head_keeps_its_greedy_tokens(candidate, model, dtype):
+@pytest.mark.parametrize("entry,model,dtype,rows", [
+    ("bounded-greedy-head", "tiny-qwen3", "float32", 1), ("bounded-greedy-head", "tiny-qwen3", "bfloat16", 1),
+    ("bounded-greedy-head", "qwen3-0.6b-random", "bfloat16", 1),
+    ("batched-bounded-greedy-head", "tiny-qwen3", "float32", 4),
+    ("batched-bounded-greedy-head", "qwen3-0.6b-random", "bfloat16", 4)])
+def test_an_engine_with_the_head_keeps_its_greedy_tokens(tmp_path_factory, entry, model, dtype, rows):
     import json
-    assert "calls" in _child(ENGINE, str(candidate), model, dtype, json.dumps(PROMPTS))
+    candidate = _candidate(entry, tmp_path_factory)
+    assert "calls" in _child(ENGINE, str(candidate), model, dtype, json.dumps(PROMPTS), str(rows))
