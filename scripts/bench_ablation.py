@@ -59,7 +59,7 @@ STUBS = {
     "LM head (with the final norm)": {
         ("triton_ops", "norm_linear_rows"): lambda x, residual, rows, nw, eps, w: _empty(x, rows.shape[0], w.shape[0])},
 }
-UNSTUBBED = {"bounded-greedy-head"}  # entries whose kernels no stub above replaces
+UNSTUBBED = {"bounded-greedy-head", "batched-bounded-greedy-head"}  # entries whose kernels no stub above replaces
 STUBS["every decoder-layer kernel"] = {k: v for name, stubs in STUBS.items() if not name.startswith("LM head")
                                        for k, v in stubs.items()}
 
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if UNSTUBBED & set(args.stack.split(",")):
-        # the LM-head stub replaces the full head, which such a stack skips at one request: its row would read 0
-        sys.exit(f"bench_ablation has no stub for {', '.join(sorted(UNSTUBBED))}: leave it out of --stack")
+        # the LM-head stub replaces the full head, which such a stack skips in greedy steps: its row would read 0
+        sys.exit(f"bench_ablation has no stub for {', '.join(sorted(UNSTUBBED))}: leave them out of --stack")
     import torch
     if not torch.cuda.is_available():
         sys.exit("bench_ablation needs a CUDA device")

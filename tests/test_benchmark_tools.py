@@ -130,11 +130,12 @@ print(len(targets))
     assert done.stdout.split() == ["6"]
 
 
-def test_the_ablation_refuses_a_stack_it_cannot_stub(monkeypatch):
+@pytest.mark.parametrize("extra", [",bounded-greedy-head", ",bounded-greedy-head,batched-bounded-greedy-head"])
+def test_the_ablation_refuses_a_stack_it_cannot_stub(monkeypatch, extra):
     monkeypatch.syspath_prepend(str(REPO / "scripts"))
     import bench_ablation
-    with pytest.raises(SystemExit, match="no stub for bounded-greedy-head"):
-        bench_ablation.main(["--stack", bench_ablation.BEST_STACK + ",bounded-greedy-head"])
+    with pytest.raises(SystemExit, match="no stub for .*bounded-greedy-head"):
+        bench_ablation.main(["--stack", bench_ablation.BEST_STACK + extra])
 
 
 def test_ladder_builds_an_entry_alone_after_its_prerequisites(tmp_path):
