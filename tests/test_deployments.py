@@ -115,7 +115,7 @@ def test_parameters_validate_against_the_flow_signature(flows):
         flow.validate_parameters(params)
         config = RunConfig(**params)  # the same cross-field checks as `seis evolve`
         assert config.protocol == (name if name != "cpu-smoke" else "sync-chain")
-    assert RunConfig(**_deployments()["sync-chain"]["parameters"]).sync_every == 4   # Sync-4: half of 9 sessions
+    assert RunConfig(**_deployments()["sync-chain"]["parameters"]).sync_every == 5   # Sync-5: half of 10 sessions
 
 
 def _refused(flow, params: dict) -> bool:

@@ -114,8 +114,8 @@ def _candidate(entry: str, tmp_path_factory) -> Path:
     return library_candidate(entry, tmp_path_factory.mktemp("candidate") / "engine_dir")
 
 
-@pytest.mark.parametrize("entry,rows", [("bounded-greedy-head", 1), ("batched-bounded-greedy-head", 8),
-                                        ("batched-bounded-greedy-head", 32)])
+@pytest.mark.parametrize("entry,rows", [("bounded-greedy-head", 1), ("batched-bounded-greedy-head", 1),
+                                        ("batched-bounded-greedy-head", 8), ("batched-bounded-greedy-head", 32)])
 def test_the_head_picks_the_full_heads_argmax_at_qwen3_shape(tmp_path_factory, entry, rows):
     assert f"rows {rows}" in _child(KERNEL, str(_candidate(entry, tmp_path_factory)), str(rows))
 
