@@ -3,6 +3,7 @@ at every batch size, paired ratios, greedy agreement with E0, and the JSON a fig
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -118,3 +119,16 @@ def test_the_minisgl_worker_counts_a_final_eos_as_the_engines_do():
     assert with_eos([5, 6], 4, 2) == [5, 6, 2]  # stopped on EOS: mini-sglang left it out
     assert with_eos([5, 6, 7], 4, 2) == [5, 6, 7, 2]  # EOS ignored, but the last token was EOS: left out too
     assert with_eos([5, 6, 7, 8], 4, 2) == [5, 6, 7, 8]  # reached the limit on another token
+
+
+def test_progress_names_each_systems_warm_up_time(capsys):
+    # A run that hits its time limit during the first calls (kernels compiling) must say which system took it.
+    class Slow(_Recording):
+        def generate(self, prompts, max_new_tokens, stop_ids):
+            if not self.stops:
+                time.sleep(1.1)
+            return super().generate(prompts, max_new_tokens, stop_ids)
+
+    versus.measure({"E0": _Recording(), "slow": Slow()}, {("random", 1): [[[5]]] * 2}, new_tokens=2, reps=1)
+    err = capsys.readouterr().err
+    assert "random at batch 1: E0 warmed up in 0 s" in err and "random at batch 1: slow warmed up in 1 s" in err

@@ -222,7 +222,10 @@ def measure(systems: dict, calls: dict, new_tokens: int, reps: int) -> dict[tupl
         got = {n: Measured() for n in names}
         for name in names:  # warm-up: kernels compiled, graphs of this batch size captured, memory grown
             print(f"{workload} at batch {b}: warming up {name}", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
             _call(systems, name, batches[0], new_tokens, stop, f"{workload} at batch {b}")
+            print(f"{workload} at batch {b}: {name} warmed up in {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+                  flush=True)  # first calls compile: where a run's time limit goes
         for rep, prompts in enumerate(batches[1:]):
             k = rep % len(names)
             for name in names[k:] + names[:k]:
