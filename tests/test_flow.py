@@ -319,7 +319,7 @@ def test_prefect_yaml_deployments_are_valid_runs():
         if name in ("branching", "chain", "sync-chain"):
             assert config.protocol == name
     sync = names["sync-chain"]["parameters"]
-    assert resolve_config(sync.get("config"), {k: v for k, v in sync.items() if k != "config"}).config.sync_every == 4
+    assert resolve_config(sync.get("config"), {k: v for k, v in sync.items() if k != "config"}).config.sync_every == 5
 
 
 def test_gate_defaults_to_full_on_cuda_and_quick_elsewhere(tmp_path):
