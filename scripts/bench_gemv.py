@@ -1,6 +1,6 @@
 """Time the triton-gemv library transformation's fused GEMVs against E0's unfused sequence at Qwen3-0.6B shapes.
 
-    python scripts/bench_gemv.py [--m 1,2,4,8] [--dtype bfloat16] [--sweep]
+    python scripts/bench_gemv.py [--m 1,2,4,8] [--dtype bfloat16] [--sweep | --chain]
 
 Each variant runs as 200 back-to-back calls inside one CUDA graph (launch overhead as the engine sees it under
 graphs), cycling through enough copies of W to pass 256 MB, so W streams from memory as the engine's 28 layers
@@ -9,7 +9,10 @@ microseconds per call and the GB/s that W (plus activations) would need, for the
 for E0's F.linear + separate norm / activation kernels. --sweep also times BLOCK_N x BLOCK_K x num_warps
 combinations and reports the best, to retune triton_gemv.tiles() on a new GPU (kernels compiled first in --jobs
 processes). "layer m=M" times one decoder layer's four fused projections back to back, with and without
-programmatic dependent launch. Needs CUDA; builds E0 + triton-gemv in a temp dir.
+programmatic dependent launch. --chain times that layer as the engine with gate-up-silu-epilogue runs it (QKV with
+add-RMSNorm, O, gate-up with the SiLU epilogue, plain down) under tiles() and under a grid of one-token tiles for
+O, gate-up and down: the tile a GEMV is fastest with alone is not always the one that lets its neighbours overlap
+it. Needs CUDA; builds E0 + triton-gemv (+ gate-up-silu-epilogue for --chain) in a temp dir.
 """
 from __future__ import annotations
 
@@ -137,17 +140,63 @@ def _sweep(fused, m: int, n: int, k: int) -> dict:
     return best
 
 
+# One-token (block_n, num_warps) per GEMV that --chain tries; gate-up's block_n counts gate/up row pairs.
+CHAIN_TILES = {"o_proj": ((2, 4), (4, 4), (4, 8)), "gate_up": ((2, 4), (4, 4), (8, 4), (8, 8)),
+               "down": ((2, 8), (4, 8), (4, 16), (8, 16))}
+
+
+def _chain(dtype: torch.dtype) -> dict:
+    """A decoder layer's four one-token GEMVs back to back, as the engine runs them, per tile set: µs per layer."""
+    from seis.agents.offline.library import load_library
+    from seis.agents.offline.merge import with_prerequisites
+    from seis.agents.offline.verify import build_candidate
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, device="cuda", generator=g) * 0.05).to(dtype)
+
+    with tempfile.TemporaryDirectory(prefix="seis-bench-chain-") as tmp:
+        entry = {t.name: t for t in load_library()}["gate-up-silu-epilogue"]
+        _, gemv = _engine(build_candidate(Path(tmp) / "engine", with_prerequisites(entry)))
+        x, r, a, act, nw = rnd(1, HIDDEN), rnd(1, HIDDEN), rnd(1, Q), rnd(1, INTER), rnd(HIDDEN) + 1
+        size = torch.finfo(dtype).bits // 8
+        shapes = {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
+        copies = -(-ROTATE_BYTES // (sum(n * k for n, k in shapes.values()) * size))
+        w = [{name: rnd(n, k) for name, (n, k) in shapes.items()} for _ in range(copies)]
+
+        def layer(tile):
+            def run(i):
+                wi = w[i % copies]
+                gemv.norm_gemv(x, r, nw, EPS, wi["qkv"])
+                gemv.gemv(a, wi["o_proj"], **tile.get("o_proj", {}))
+                gemv.norm_gemv_silu_mul(x, r, nw, EPS, wi["gate_up"], **tile.get("gate_up", {}))
+                gemv.gemv(act, wi["down"], **tile.get("down", {}))
+            return run
+
+        report = {"tiles()": round(_time_us(layer({})), 2)}
+        for o, gu, dn in itertools.product(*CHAIN_TILES.values()):
+            tile = {name: {"block_n": bn, "num_warps": warps} for name, (bn, warps) in zip(CHAIN_TILES, (o, gu, dn))}
+            report[f"o_proj {o} gate_up {gu} down {dn}"] = round(_time_us(layer(tile)), 2)
+        return dict(sorted(report.items(), key=lambda kv: kv[1]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", default="1", help="comma-separated token counts (<= 8)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--sweep", action="store_true", help="also search tile parameters per shape")
     ap.add_argument("--jobs", type=int, default=8, help="processes compiling the sweep's kernels")
+    ap.add_argument("--chain", action="store_true",
+                    help="only time a layer's one-token GEMVs back to back under tiles() and a grid of tiles")
     args = ap.parse_args()
     import triton
     if not torch.cuda.is_available():
         sys.exit("bench_gemv needs a CUDA device")
     sys.path.insert(0, str(REPO))
+    if args.chain:
+        print(json.dumps({"device": torch.cuda.get_device_name(), "dtype": args.dtype, "us_per_layer":
+                          _chain(getattr(torch, args.dtype))}, indent=2))
+        return
     from seis.agents.offline.library import load_library
     from seis.agents.offline.verify import build_candidate
 
