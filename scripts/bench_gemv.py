@@ -35,6 +35,9 @@ CALLS, REPEATS = 200, 5
 HIDDEN, Q, QKV, INTER, VOCAB = 1024, 2048, 4096, 3072, 151936  # Qwen3-0.6B
 EPS = 1e-6
 ROTATE_BYTES = 256 << 20  # W copies cycled per graph: well past the H200's 50 MB L2
+# (N, K) of a decoder layer's projections (gate_up: gate and up stacked), and with the LM head
+LAYER_SHAPES = {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
+SHAPES = {**LAYER_SHAPES, "lm_head": (VOCAB, HIDDEN)}
 
 
 def _time_us(fn) -> float:
@@ -53,17 +56,15 @@ def _shapes(m: int, dtype: torch.dtype, ops, gemv):
     x, r, a, gu = rnd(m, HIDDEN), rnd(m, HIDDEN), rnd(m, Q), rnd(m, 2 * INTER)
     nw = rnd(HIDDEN) + 1
     size = torch.finfo(dtype).bits // 8
-    shapes = {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER),
-              "lm_head": (VOCAB, HIDDEN)}
     w = {name: [rnd(n, k) for _ in range(max(1, -(-ROTATE_BYTES // (n * k * size))))]
-         for name, (n, k) in shapes.items()}
+         for name, (n, k) in SHAPES.items()}
     rows = torch.arange(m, device="cuda")
 
     def W(name, i):
         return w[name][i % len(w[name])]
 
     def moved(name, k_in):
-        n, k = shapes[name]
+        n, k = SHAPES[name]
         return (n * k + m * (k_in + n)) * size
 
     return {
@@ -121,8 +122,7 @@ def _compile(engine_dir: str, m: int, dtype: str, name: str, configs: list) -> i
 def _precompile(engine_dir: Path, ms: list[int], dtype: str, jobs: int) -> None:
     work = []
     for m in ms:
-        for name, (n, k) in {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN),
-                             "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}.items():
+        for name, (n, k) in SHAPES.items():
             configs = _configs(m, k)
             work += [(str(engine_dir), m, dtype, name, configs[i::4]) for i in range(4)]
     ctx = multiprocessing.get_context("spawn")
@@ -160,9 +160,8 @@ def _chain(dtype: torch.dtype) -> dict:
         _, gemv = _engine(build_candidate(Path(tmp) / "engine", with_prerequisites(entry)))
         x, r, a, act, nw = rnd(1, HIDDEN), rnd(1, HIDDEN), rnd(1, Q), rnd(1, INTER), rnd(HIDDEN) + 1
         size = torch.finfo(dtype).bits // 8
-        shapes = {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
-        copies = -(-ROTATE_BYTES // (sum(n * k for n, k in shapes.values()) * size))
-        w = [{name: rnd(n, k) for name, (n, k) in shapes.items()} for _ in range(copies)]
+        copies = -(-ROTATE_BYTES // (sum(n * k for n, k in LAYER_SHAPES.values()) * size))
+        w = [{name: rnd(n, k) for name, (n, k) in LAYER_SHAPES.items()} for _ in range(copies)]
 
         def layer(tile):
             def run(i):
