@@ -5,9 +5,9 @@ child session flow runs (dispatch=workers) on the server."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
+from seis.session.resources import remove_scratch
 from seis.session.status import read_status, write_status
 
 from .flow_runs import cancel_children, end_task_runs
@@ -29,7 +29,7 @@ def release_run(flow, flow_run, state) -> None:
     reg = registry()
     resources = reg.run(str(flow_run.id))
     if resources is not None:
-        shutil.rmtree(resources.scratch, ignore_errors=True)
+        remove_scratch(Path(resources.scratch))  # engines' caches: hostile input, however deep
         root = Path(resources.run_dir)
         status = read_status(root)
         # A run stopped by SIGTERM marks itself crashed before this hook runs; a cancellation is told only here.

@@ -202,3 +202,30 @@ def test_resume_clears_an_interrupted_sessions_hostile_workspace(tmp_path, host_
     clear(link)
     assert not os.path.lexists(link)
     _untouched(host_file)
+
+
+def test_the_crash_and_cancel_hook_removes_a_hostile_scratch_dir_and_still_marks_the_run(tmp_path, monkeypatch,
+                                                                                         host_file):
+    """The flow's on_crashed / on_cancellation hook removes the run's scratch dir (engines' caches) as hostile
+    input too: a chain deeper than the recursion limit neither stops it before the run's status and registry entry
+    are updated nor follows a link (before: shutil.rmtree, RecursionError)."""
+    import tasks.cleanup as cleanup
+    from seis.session.resources import Registry
+    from seis.session.status import read_status, write_status
+
+    reg = Registry(tmp_path / "registry")
+    run_dir, scratch = tmp_path / "run", tmp_path / "scratch"
+    run_dir.mkdir()
+    write_status(run_dir, "running")
+    _hostile(scratch, host_file)
+    reg.add_run("fr-1", run_dir, scratch)
+    monkeypatch.setattr(cleanup, "registry", lambda: reg)
+    monkeypatch.setattr(cleanup, "release_flow_run", lambda *a: 0)     # no GPU leases, no server in this test
+    monkeypatch.setattr(cleanup, "_end_task_runs", lambda *a: 0)
+    monkeypatch.setattr(cleanup, "_cancel_children", lambda *a: 0)
+    state = SimpleNamespace(is_cancelled=lambda: True, is_cancelling=lambda: False, message="by the test",
+                            type=SimpleNamespace(value="CANCELLED"))
+    cleanup.release_run(None, SimpleNamespace(id="fr-1", name="test-run"), state)
+    assert not os.path.lexists(scratch)
+    assert read_status(run_dir).state == "cancelled" and reg.run("fr-1") is None
+    _untouched(host_file)

@@ -116,10 +116,10 @@ def run_scratch_path(run_dir: Path) -> Path:
     return base / f"seis-run-{digest}"
 
 
-def _remove(path: Path) -> None:
-    """Best effort, as the run's end or the next attempt's start must not fail on it: a scratch dir holds what
-    sandboxed engines wrote (their caches), so it is removed as hostile input (remove_tree: no link followed, no
-    recursion, whatever its depth)."""
+def remove_scratch(path: Path) -> None:
+    """Best effort, as the run's end, its crash or cancel hook and the next attempt's start must not fail on it: a
+    scratch dir holds what sandboxed engines wrote (their caches), so it is removed as hostile input (remove_tree:
+    no link followed, no recursion, whatever its depth)."""
     try:
         remove_tree(path)
     except (OSError, TreeError):
@@ -146,7 +146,7 @@ def scratch(run_dir: Path):
         if root in _finished:  # ended earlier in this process, possibly holding other runs' files: keep it
             _finished.remove(root)
         else:
-            _remove(root)
+            remove_scratch(root)
         root.mkdir(parents=True, exist_ok=True)
         _active.append(root)
         tempfile.tempdir = str(root)
@@ -159,5 +159,5 @@ def scratch(run_dir: Path):
             tempfile.tempdir = str(_active[-1]) if _active else _original_tempdir
             if not _active:
                 for d in _finished:
-                    _remove(d)
+                    remove_scratch(d)
                 _finished.clear()
