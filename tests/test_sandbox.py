@@ -107,6 +107,23 @@ def test_environment_is_allow_listed(monkeypatch) -> None:
     assert seen["env"]["HF_HUB_OFFLINE"] == "1"
 
 
+def test_keys_under_allow_listed_prefixes_stay_out(monkeypatch) -> None:
+    """The prefixes that pass device and library settings (NVIDIA_, NCCL_, OMP_, LC_ ...) pass no key: not one
+    named as a key (NVIDIA_API_KEY is NVIDIA's hosted-model key), nor a setting that holds a key's value."""
+    monkeypatch.setenv("NVIDIA_API_KEY", "nvapi-test-hidden-1")
+    monkeypatch.setenv("NCCL_AUTH_TOKEN", "nccl-test-hidden-2")
+    monkeypatch.setenv("LC_PASSWORD", "lc-test-hidden-3")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-hidden-4-abcdefgh")
+    monkeypatch.setenv("OMP_PLACES", "sk-test-hidden-4-abcdefgh")      # a key's value under a kept name
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "all")                 # a device setting still passes
+    seen = run_probe("""
+        import json, os
+        print(json.dumps(dict(os.environ)))
+    """, SandboxPolicy(binds=(), env=allowed_env()))
+    assert "hidden" not in json.dumps(seen), seen
+    assert seen["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
 def test_packages_on_the_operators_pythonpath_import_inside_but_the_checkout_stays_out(tmp_path: Path,
                                                                                     monkeypatch) -> None:
     # `pip install --target DIR` + PYTHONPATH=DIR is how an optional kernel library (FlashInfer) may be installed;

@@ -7,6 +7,7 @@ allow-list, so API keys, proxies and tokens of the caller never arrive.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +22,20 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
+# Names of keys, tokens and passwords. Nothing so named passes, whatever prefix it has (NVIDIA_API_KEY is
+# NVIDIA's hosted-model key, not a device setting); seis.agents.llm.secrets looks for their values everywhere else.
+SECRET_NAME = re.compile(r"(API_KEY|AUTH_TOKEN|ACCESS_TOKEN|SECRET|PASSWORD|CREDENTIAL|_TOKEN$|_KEY$)",
+                         re.IGNORECASE)
+MIN_SECRET_LEN = 8     # shorter values ("1", "true", "none") would match ordinary settings
+
+
 def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment reduced to the allow-list, plus the offline switches."""
+    """The caller's environment reduced to the allow-list, plus the offline switches. A key-named variable never
+    passes, nor an allow-listed one that holds a key's value (NCCL_X=$OPENAI_API_KEY)."""
     environ = os.environ if environ is None else environ
-    kept = {k: v for k, v in environ.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
+    secrets = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LEN}
+    kept = {k: v for k, v in environ.items() if (k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES))
+            and not SECRET_NAME.search(k) and v not in secrets}
     return {**kept, **OFFLINE_ENV}
 
 

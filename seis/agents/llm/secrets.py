@@ -22,15 +22,12 @@ import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ...sandbox.policy import MAX_DEPTH
+from ...sandbox.policy import MAX_DEPTH, MIN_SECRET_LEN, SECRET_NAME
 from ...sandbox.walk import TooDeep, Unreadable, walk
 
-SECRET_NAME = re.compile(r"(API_KEY|AUTH_TOKEN|ACCESS_TOKEN|SECRET|PASSWORD|CREDENTIAL|_TOKEN$|_KEY$)",
-                         re.IGNORECASE)
 # Shapes of common provider keys, caught even when the value came from somewhere other than the environment.
 KEY_PATTERNS = (re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}"), re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"),
                 re.compile(r"\b(?:ghp|gho|github_pat|hf)_[A-Za-z0-9_]{16,}"))
-MIN_SECRET_LEN = 8     # shorter values ("1", "true", "none") would match ordinary text
 MIN_NEEDLE = 8         # squashed (letters and digits only) forms shorter than this are not searched loosely
 PARTIAL_FROM = 20      # secrets at least this long (squashed) also match by any PARTIAL_LEN-long piece
 PARTIAL_LEN = 16
