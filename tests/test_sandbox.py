@@ -334,6 +334,31 @@ def test_siblings_cannot_be_signalled_and_can_be_frozen() -> None:
         victim.kill()
 
 
+def test_freeze_stops_what_runs_in_namespaces_the_sandbox_made() -> None:
+    """A process of the sandbox moves a spinner into a user and PID namespace of its own: freezing the sandbox
+    stops that spinner too, so nothing of a frozen engine runs beside the one being timed."""
+    marker = f"seis-nested-{random.randrange(10**9)}"
+    box = SandboxedProcess(["bash", "-c", f"unshare --user --pid --fork sh -c 'while :; do :; done; {marker}' & "
+                                          f"sh -c 'while :; do :; done; {marker}' & wait"],
+                           SandboxPolicy(binds=(), env=allowed_env()))
+    box.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(spinners := [p for p in _marked(marker) if Path(f"/proc/{p}/cmdline").read_bytes().startswith(
+                b"sh\0-c\0while")]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(spinners) == 2, "both spinners run"
+        namespaces = {os.readlink(f"/proc/{p}/ns/pid") for p in spinners}
+        assert len(namespaces) == 2, "one spinner is in a PID namespace of its own, below the sandbox's"
+        with frozen([box]):
+            time.sleep(0.2)
+            assert {open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] for p in spinners} == {"T"}
+            assert set(spinners) <= set(box.members())
+    finally:
+        box.kill()
+    assert not _marked(marker)
+
+
 def _marked(marker: str) -> list[int]:
     found = []
     for name in os.listdir("/proc"):

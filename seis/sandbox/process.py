@@ -82,6 +82,32 @@ def _pid_ns(pid: int) -> str | None:
         return None
 
 
+_NS_GET_PARENT = 0xB702  # ioctl on a namespace descriptor: a descriptor of its parent (linux/nsfs.h)
+_MAX_PID_NS_DEPTH = 32   # the kernel's limit on nested PID namespaces
+
+
+def _in_pid_ns(pid: int, ns: str) -> bool:
+    """Whether pid's PID namespace is `ns` ("pid:[inode]") or nested in it. A process in the sandbox can make
+    namespaces of its own (unshare --user --pid), and its children there are still the sandbox's to stop."""
+    try:
+        fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        for _ in range(_MAX_PID_NS_DEPTH + 1):
+            if f"pid:[{os.fstat(fd).st_ino}]" == ns:
+                return True
+            try:
+                parent = fcntl.ioctl(fd, _NS_GET_PARENT)
+            except OSError:  # the host's namespace, which has no parent this process may see
+                return False
+            os.close(fd)
+            fd = parent
+        return False
+    finally:
+        os.close(fd)
+
+
 def _pidfd(pid: int) -> int | None:
     """A descriptor of the process pid is now (None if it is gone already)."""
     try:
@@ -293,10 +319,10 @@ class SandboxedProcess:
 
     # --- the process tree ---------------------------------------------------------------------------------------
     def members(self) -> list[int]:
-        """Host pids of every process in the sandbox (empty once it is gone)."""
+        """Host pids of every process in the sandbox, those in namespaces it made too (empty once it is gone)."""
         if self._ns is None:
             return []
-        return [pid for pid in _processes() if _pid_ns(pid) == self._ns and _alive(pid)]
+        return [pid for pid in _processes() if _in_pid_ns(pid, self._ns) and _alive(pid)]
 
     def _signal_all(self, sig: int) -> None:
         for pid in self.members():
