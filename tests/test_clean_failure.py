@@ -1,6 +1,6 @@
-"""Clean failure: a host-killed engine is a host failure (never a candidate rejection), a run that cannot fit in
-memory is refused with the numbers, the GPU slot is released when its holder crashes or is killed, and the tree
-hash is one function for the workspace, the store and the evaluator."""
+"""Clean failure: an engine the OOM killer ended is a host failure (never a candidate rejection), one that killed
+itself is not, a run that cannot fit in memory is refused with the numbers, the GPU slot is released when its holder
+crashes or is killed, and the tree hash is one function for the workspace, the store and the evaluator."""
 from __future__ import annotations
 
 import os
@@ -37,9 +37,20 @@ def _handle(engine: Path, trusted: bool = False):
                         make_isolation("cpu", IsolationConfig()), Deadline(120), 60, 60, trusted=trusted)
 
 
-def test_an_engine_killed_by_the_host_is_a_host_failure_not_a_failed_check(tmp_path):
+SELF_KILL = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+
+
+def _oom_counter(monkeypatch, *counts: int) -> None:
+    """The kernel's OOM-kill count as the engine host reads it: counts[0] at the engine's start, then the rest."""
+    from seis.sandbox import cgroup
+    seen = list(counts)
+    monkeypatch.setattr(cgroup, "host_oom_kills", lambda: seen.pop(0) if len(seen) > 1 else seen[0])
+
+
+def test_an_engine_killed_while_the_oom_killer_struck_is_a_host_failure_not_a_failed_check(tmp_path, monkeypatch):
     from seis.evaluator import HostFailure
-    handle = _handle(_engine(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"))
+    _oom_counter(monkeypatch, 5, 6)  # the SIGKILL stands for the OOM killer's, which the kernel counted
+    handle = _handle(_engine(tmp_path, SELF_KILL))
     try:
         handle.start()
         with pytest.raises(HostFailure, match="killed by the host during 'build'.*OOM"):
@@ -47,6 +58,29 @@ def test_an_engine_killed_by_the_host_is_a_host_failure_not_a_failed_check(tmp_p
         assert handle.failures == []                                  # nothing charged to the candidate
     finally:
         handle.close()
+
+
+def test_an_engine_that_kills_itself_cannot_pass_for_a_host_failure(tmp_path, monkeypatch):
+    """SIGKILL is also what a candidate can send itself: with no OOM kill on the host's record it is the
+    candidate's failure, so a hostile engine cannot stop the run (a host failure ends it with no verdict)."""
+    _oom_counter(monkeypatch, 5)
+    handle = _handle(_engine(tmp_path, SELF_KILL))
+    try:
+        handle.start()
+        assert handle.build() is None
+        assert len(handle.failures) == 1 and "the engine's own doing" in handle.failures[0].message
+    finally:
+        handle.close()
+
+
+def test_which_sigkills_are_the_hosts():
+    from seis.engine_host.client import EngineExited
+    host = [EngineExited("x", code, oom, watch).killed_by_host
+            for code, oom, watch in [(-9, True, False), (137, None, False), (-9, False, False), (-9, True, True),
+                                     (1, True, False), (None, True, False)]]
+    # the OOM killer struck, or the kernel keeps no count: the host's; none struck, the write watch's kill, or
+    # any other end: the engine's own
+    assert host == [True, True, False, False, False, False]
 
 
 def test_an_engine_that_fails_on_its_own_is_the_candidates_failure(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..engine_import import check_engine_dir
-from ..sandbox import SandboxedProcess, WriteWatch
+from ..sandbox import SandboxedProcess, WriteWatch, cgroup
 from .policy import ENGINE_MOUNT, MODEL_MOUNT, WORKER, engine_policy, forbidden_paths
 
 MAX_REPLY_BYTES = 64 * 2**20   # one reply line; a longer one is an engine error, not host memory
@@ -31,17 +31,26 @@ class EngineTimeout(EngineError):
 
 
 class EngineExited(EngineError):
-    """The engine process ended without answering. `returncode` is its exit status (negative: the signal)."""
+    """The engine process ended without answering. `returncode` is its exit status (negative: the signal);
+    `host_oom`: whether the kernel's out-of-memory killer killed anything on the host while it ran (None: the
+    kernel does not say); `watch_killed`: the host killed it for writing past its limits."""
 
-    def __init__(self, message: str, returncode: int | None):
+    def __init__(self, message: str, returncode: int | None, host_oom: bool | None = None,
+                 watch_killed: bool = False):
         super().__init__(message)
-        self.returncode = returncode
+        self.returncode, self.host_oom, self.watch_killed = returncode, host_oom, watch_killed
 
     @property
     def sigkilled(self) -> bool:
-        """Killed by SIGKILL without a word of its own: how the kernel's OOM killer ends a process (-9, or 137
-        when a sandbox's init reports its child's signal as an exit status)."""
+        """Ended by SIGKILL without a word of its own (-9, or 137 when a sandbox's init reports its child's signal
+        as an exit status): the OOM killer's way, and any process's that kills itself."""
         return self.returncode in (-9, 128 + 9)
+
+    @property
+    def killed_by_host(self) -> bool:
+        """The SIGKILL was most likely the kernel's OOM killer, not the engine's doing: nothing to charge to the
+        engine. An engine that kills itself while no OOM kill happens, or that the write watch ends, is not."""
+        return self.sigkilled and not self.watch_killed and self.host_oom is not False
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ class EngineProcess:
         self.watch: WriteWatch | None = None
         self.proc: subprocess.Popen | None = None
         self.stderr_path: Path | None = None
+        self._oom_kills_at_start: int | None = None
         # One reply per request, so one line waits here at most: an engine writing lines nobody asked for fills
         # its own pipe and stalls, never host memory (and its next reply is refused as a forgery).
         self._lines: queue.Queue[str | None] = queue.Queue(maxsize=1)
@@ -90,6 +100,7 @@ class EngineProcess:
         self.close()
 
     def start(self) -> None:
+        self._oom_kills_at_start = cgroup.host_oom_kills()
         fd, name = tempfile.mkstemp(prefix="seis-engine-", suffix=".log")
         self.stderr_path = Path(name)
         options = {**self.options, "device": self.options.get("device", "auto")}
@@ -116,8 +127,7 @@ class EngineProcess:
     def call(self, op: str, timeout_s: float | None = None, **payload) -> Any:
         if self.proc is None or self.proc.poll() is not None:
             code = None if self.proc is None else self.proc.returncode
-            raise EngineExited(f"engine process is not running{_status(code)}{self._watch_note()}{self._stderr_tail()}",
-                               code)
+            raise self._exited(f"engine process is not running{_status(code)}", code)
         if not self._lines.empty():
             self._protocol_broken(f"the engine wrote to its reply stream before '{op}' was asked")
         rid = secrets.token_hex(16)  # unpredictable: no reply can be written before its request exists
@@ -135,8 +145,7 @@ class EngineProcess:
             if self.watch is not None:
                 self.watch.stop()  # if it killed the engine, its kill is over: nothing of the sandbox is left
             code = self._exit_status()
-            raise EngineExited(f"engine process exited during '{op}'{_status(code)}{self._watch_note()}"
-                               f"{self._stderr_tail()}", code)
+            raise self._exited(f"engine process exited during '{op}'{_status(code)}", code)
         if line is OVERSIZED:
             self._protocol_broken(f"reply to '{op}' is longer than {MAX_REPLY_BYTES // 2**20} MiB")
         try:
@@ -192,6 +201,12 @@ class EngineProcess:
         except subprocess.TimeoutExpired:
             return None
 
+    def _exited(self, message: str, code: int | None) -> EngineExited:
+        now = cgroup.host_oom_kills()
+        host_oom = None if now is None or self._oom_kills_at_start is None else now > self._oom_kills_at_start
+        return EngineExited(f"{message}{self._watch_note()}{self._stderr_tail()}", code, host_oom,
+                            watch_killed=self.watch is not None and self.watch.exceeded is not None)
+
     def _watch_note(self) -> str:
         return f" ({self.watch.exceeded})" if self.watch is not None and self.watch.exceeded else ""
 
@@ -208,5 +223,5 @@ def _status(code: int | None) -> str:
     if code is None:
         return ""
     if code in (-9, 137):
-        return " (killed by SIGKILL, e.g. by the kernel's OOM killer)"
+        return " (killed by SIGKILL)"
     return f" (killed by signal {-code})" if code < 0 else f" (exit status {code})"

@@ -119,9 +119,12 @@ class EngineHandle:
             self.proc.kill()
             return self._fail(op, str(e), timeout=True)
         except EngineExited as e:
-            if e.sigkilled:  # not the engine's doing (we kill only on timeouts, handled above): the host's
+            if e.killed_by_host:  # SIGKILL while the OOM killer struck (timeouts are handled above): the host's
                 raise HostFailure(f"the {self.role} engine was killed by the host during '{op}' (SIGKILL, no error "
-                                  f"of its own; most likely the kernel's OOM killer): no verdict") from None
+                                  f"of its own; the kernel's OOM killer struck meanwhile): no verdict") from None
+            if e.sigkilled and not e.watch_killed:
+                return self._fail(op, f"{e}; the kernel's OOM killer killed nothing on the host meanwhile: the "
+                                      f"engine's own doing")
             return self._fail(op, str(e))
         except EngineError as e:
             return self._fail(op, str(e))

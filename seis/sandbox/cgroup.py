@@ -117,6 +117,19 @@ class MemoryCage:
         _remove_dir(self.dir)
 
 
+_VMSTAT = Path("/proc/vmstat")
+
+
+def host_oom_kills() -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed on this host since boot (None where the
+    kernel does not say: older than 4.13, or no /proc). A SIGKILL while this number stands still was not it."""
+    for line in _read(_VMSTAT).splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()
