@@ -26,7 +26,7 @@ SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 # NVIDIA's hosted-model key, not a device setting); seis.agents.llm.secrets looks for their values everywhere else.
 SECRET_NAME = re.compile(r"(API_KEY|AUTH_TOKEN|ACCESS_TOKEN|SECRET|PASSWORD|CREDENTIAL|_TOKEN$|_KEY$)",
                          re.IGNORECASE)
-MIN_SECRET_LEN = 8     # shorter values ("1", "true", "none") would match ordinary settings
+MIN_SECRET_LEN = 8     # shorter values ("1", "true", "none") are no secret: they would match ordinary text
 
 
 def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
