@@ -56,7 +56,7 @@ worst = 0.0
 for pos in (0, 99, 355, 1023):
     table = (torch.randperm(width * 3, device=dev, generator=g)[:width] + 1).to(torch.int32)[None]
     slot = int(table[0, pos // page]) * page + pos % page
-    batch = ForwardBatch(is_decode=True, input_ids=torch.tensor([7 + pos], device=dev),
+    batch = ForwardBatch(is_decode=True, input_ids=torch.tensor([(7 + pos) % 100], device=dev),
                          positions=torch.tensor([pos], device=dev), out_slots=torch.tensor([slot], device=dev),
                          seq_lens=torch.tensor([pos + 1], dtype=torch.int32, device=dev), page_table=table,
                          logit_rows=torch.tensor([0], device=dev))
