@@ -17,6 +17,8 @@ from seis.agents.offline.merge import with_prerequisites
 from seis.agents.offline.verify import build_candidate
 from seis.engine_import import ENGINE_TEMPLATE
 
+LIBRARY = {t.name: t for t in load_library()}
+
 
 def _is_jit(fn: ast.FunctionDef) -> bool:
     for d in fn.decorator_list:
@@ -102,9 +104,9 @@ def test_e0s_kernels_read_only_globals_the_compiler_accepts():
     assert {str(p): refused_globals(p.read_text(encoding="utf-8")) for p in files} == {str(p): [] for p in files}
 
 
-@pytest.mark.parametrize("entry", [t.name for t in load_library()])
+@pytest.mark.parametrize("entry", sorted(LIBRARY))
 def test_each_entrys_kernels_read_only_globals_the_compiler_accepts(entry, tmp_path):
-    t = next(t for t in load_library() if t.name == entry)
+    t = LIBRARY[entry]
     tree = build_candidate(tmp_path / "candidate", with_prerequisites(t))
     files = [tree / rel for rel in t.target_files if rel.endswith(".py") and (tree / rel).is_file()]
     assert {rel.name: refused_globals(rel.read_text(encoding="utf-8")) for rel in files} == {
