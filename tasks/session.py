@@ -14,6 +14,7 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 
 from seis.evaluator import render_gate_for_agents
@@ -26,6 +27,7 @@ from seis.session.timeouts import step_timeouts
 from seis.store import SnapshotStore
 
 from .artifacts import stable_key
+from .cancelled import refuse_if_cancelled
 from .gpu import device_limit, gpu_slot
 
 _NAME = "{spec.chain}/s{spec.session} "
@@ -72,7 +74,9 @@ def report_task(spec: SessionSpec, workspace, agent_result, gate_result, snapsho
 def _step(step, *args, after=None, timeout_s: float | None = None):
     """Run one step as a child task run; its only upstream edge is `after` (the previous step's future). A future,
     not a state: Prefect would search a state's data for values that other tasks returned (an empty tuple is one
-    object for every chain) and draw edges to them."""
+    object for every chain) and draw edges to them. An interrupted or cancelled run starts no further step
+    (RunCancelled): a verdict that came back after Ctrl-C is not snapshotted or recorded, and a resume redoes it."""
+    refuse_if_cancelled(flow_run.get_id(), ask_server=False)
     if timeout_s is not None:
         step = step.with_options(timeout_seconds=timeout_s)
     future = step.submit(*(quote(a) for a in args), wait_for=[after] if after is not None else None)

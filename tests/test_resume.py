@@ -162,14 +162,30 @@ def _processes_of(run: Path) -> list[int]:
     return found
 
 
+def _engines_started_by(pid: int) -> list[int]:
+    """The engine sandboxes that process `pid` started and that still run: its children running the engine host's
+    worker (a gate's engines, between their start and the gate's end)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"/seis-host/worker.py" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 def _wait_for_gate(proc: subprocess.Popen, session_dir: Path, timeout_s: float = 240) -> None:
-    """Until the session's agent has finished (its gate is starting), plus a second."""
+    """Until the session's agent has finished and its gate's engines run: a signal sent now lands in the gate."""
     deadline = time.monotonic() + timeout_s
-    while not (session_dir / "agent.json").is_file():
+    while not (session_dir / "agent.json").is_file() or not _engines_started_by(proc.pid):
         assert proc.poll() is None, proc.stdout.read()
+        assert not (session_dir / "outcome.json").exists(), "the gate ended before its engines were seen"
         assert time.monotonic() < deadline
-        time.sleep(0.2)
-    time.sleep(1.0)
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -210,7 +226,7 @@ def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, prepared_dir):
     """SIGINT to the run's process group (Ctrl-C in a terminal), or SIGTERM to its process (a supervisor), while a
-    smoke gate holds the GPU slot (a second after its agent, as the killed run above is): the run ends within
+    smoke gate holds the GPU slot (while its engines run, as in the killed run above): the run ends within
     seconds with exit code 130 and the resume command, its engines and Prefect server are gone, the interrupted
     session left no outcome, and --resume then finishes the run (checked after the Ctrl-C)."""
     run = tmp_path / "run"
@@ -244,3 +260,50 @@ def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, 
     assert resumed.returncode == 0, out
     assert json.loads((run / "status.json").read_text())["state"] == "complete"
     assert list(pd.read_parquet(run / "summary.parquet").session) == [0]
+
+
+def test_a_verdict_that_comes_back_after_an_interrupt_is_not_recorded(harness, tmp_path, monkeypatch):
+    """Ctrl-C lands after the gate's engines are gone but before its verdict is recorded: the session task starts no
+    further step (no snapshot, no outcome, no report), so a resumed run redoes the session rather than keep a
+    session that the run was told to stop. In-process, with a fake agent and a gate that passes, then interrupts."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from prefect import flow
+
+    import seis.sandbox.process as process
+    import tasks.session as ts
+    from seis.agents import AgentResult
+    from seis.engine_import import ENGINE_TEMPLATE
+    from seis.session import SessionSpec
+    from seis.session.judge import Judgement
+    from seis.store import SnapshotStore
+    from tasks.cancelled import RunCancelled
+
+    monkeypatch.setattr(process, "_INTERRUPTED", threading.Event())  # this test's interrupt, not the process's
+
+    def fake_agent(config, spec, workspace):
+        (workspace.root / "engine" / "note.txt").write_text("an edit\n")
+        return AgentResult("fake", "edited", "# an edit\n", applied=("edit",))
+
+    def gate_then_ctrl_c(config, spec, workspace, parent_dir):
+        process.interrupt()   # what the signal handler does; the verdict below was reached before it
+        return Judgement(SimpleNamespace(verdict="pass", speed=None, failed_checks=()), ())
+
+    monkeypatch.setattr(ts, "run_agent", fake_agent)
+    monkeypatch.setattr(ts, "judge", gate_then_ctrl_c)
+    monkeypatch.setattr(ts, "gpu_slot", lambda *a, **k: nullcontext())
+    store = SnapshotStore(tmp_path / "store")
+    vanilla = store.put(ENGINE_TEMPLATE)
+    config = RunConfig(model="tiny-qwen3", device="cpu", gate="smoke", out=tmp_path / "run", store=store.root)
+    spec = SessionSpec(run_id="r", chain="c0", chain_index=0, session=0, parent_snapshot=vanilla,
+                       session_dir=tmp_path / "run" / "chains" / "c0" / "000", vanilla_snapshot=vanilla)
+
+    @flow
+    def one_session():
+        return ts.session_task(config, spec, store.root)
+
+    with pytest.raises(RunCancelled, match="interrupted"):
+        one_session()
+    assert not (spec.session_dir / "outcome.json").exists() and not (spec.session_dir / "report.md").exists()
+    assert [s.id for s in store.list()] == [vanilla]     # nothing of the unrecorded session was stored
