@@ -151,6 +151,7 @@ def introspecting(root: Path, secrets: tuple[Path, ...] = ()) -> Path:
          f'            "probe_secrets_visible": [p for p in {[str(p) for p in secrets]!r} '
          'if __import__("os").path.exists(p)],\n'
          '            "probe_rlimit_as": __import__("resource").getrlimit(__import__("resource").RLIMIT_AS)[0],\n'
+         '            "probe_oom_score_adj": open("/proc/self/oom_score_adj").read().strip(),\n'
          '            "probe_env": sorted(__import__("os").environ),\n'
          '            "probe_interfaces": sorted(l.split(":")[0].strip() for l in '
          'open("/proc/net/dev").read().splitlines()[2:]),\n'

@@ -375,6 +375,22 @@ def test_outlive_and_rewrite_leaves_no_process_and_no_forged_result(arena: Arena
     assert_gains_nothing(gate, again=lambda: _gate_again(arena, "outlive_and_rewrite", tmp_path))
 
 
+def test_hog_memory_is_judged_not_a_gate_without_a_verdict(arena: Arena, tmp_path: Path) -> None:
+    """A candidate that takes the memory the others need gets a verdict: a reference failure would end the run with
+    none, every time an agent hands in such an engine. Where its sandbox is bounded (a memory cgroup), or on CUDA
+    (the reference cannot allocate beside it; alone it can), it fails; elsewhere it is E0 holding 3 GiB of /tmp."""
+    from seis.sandbox.cgroup import can_cage
+    candidate = CANDIDATES["hog_memory"].make(tmp_path / "candidate")
+    config = _config(arena, candidate, "hog_memory")
+    config = config.model_copy(update={"isolation": config.isolation.model_copy(update={"sandbox_memory_gb": 1.5})})
+    result = run_gate(config)   # ReferenceFailure: the hole
+    gate = Gate(result=result, text=result.model_dump_json(indent=2))
+    if can_cage() or result.device == "cuda":
+        assert result.verdict == "fail", _summary(gate)
+        assert set(result.failed_checks) & {"engine.build", "engine.reference_alone"}, _summary(gate)
+    assert_gains_nothing(gate)
+
+
 class _Listener:
     """A TCP port and a unix socket held by this (an ancestor) process; records whoever connects."""
 

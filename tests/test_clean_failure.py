@@ -28,13 +28,13 @@ def _engine(tmp_path: Path, init: str) -> Path:
     return engine
 
 
-def _handle(engine: Path, trusted: bool = False):
+def _handle(engine: Path, trusted: bool = False, **isolation):
     from seis.evaluator.engines import Deadline, EngineHandle
     from seis.evaluator.gate_config import IsolationConfig
     from seis.evaluator.isolation import make_isolation
     from seis.models import resolve_model
     return EngineHandle("candidate", engine, resolve_model("tiny-qwen3"), {"device": "cpu"},
-                        make_isolation("cpu", IsolationConfig()), Deadline(120), 60, 60, trusted=trusted)
+                        make_isolation("cpu", IsolationConfig(**isolation)), Deadline(120), 60, 60, trusted=trusted)
 
 
 SELF_KILL = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
@@ -75,12 +75,36 @@ def test_an_engine_that_kills_itself_cannot_pass_for_a_host_failure(tmp_path, mo
 
 def test_which_sigkills_are_the_hosts():
     from seis.engine_host.client import EngineExited
-    host = [EngineExited("x", code, oom, watch).killed_by_host
-            for code, oom, watch in [(-9, True, False), (137, None, False), (-9, False, False), (-9, True, True),
-                                     (1, True, False), (None, True, False)]]
-    # the OOM killer struck, or the kernel keeps no count: the host's; none struck, the write watch's kill, or
-    # any other end: the engine's own
-    assert host == [True, True, False, False, False, False]
+    host = [EngineExited("x", code, oom, watch, bound).killed_by_host
+            for code, oom, watch, bound in [(-9, True, False, False), (137, None, False, False),
+                                            (-9, False, False, False), (-9, True, True, False),
+                                            (-9, True, False, True), (1, True, False, False),
+                                            (None, True, False, False)]]
+    # the OOM killer struck, or the kernel keeps no count: the host's; none struck, the write watch's kill, a kill
+    # at the sandbox's own memory bound, or any other end: the engine's own
+    assert host == [True, True, False, False, False, False, False]
+
+
+# Fills the sandbox's RAM-backed /tmp, 64 MiB at a time: host memory that no per-process limit (RLIMIT_AS) counts.
+TMP_HOG = ("with open('/tmp/hog', 'wb') as f:\n"
+           "    for _ in range(48):\n"
+           "        f.write(b'\\1' * 2**26)\n")
+
+
+@pytest.mark.skipif(not __import__("seis.sandbox.cgroup", fromlist=["can_cage"]).can_cage(),
+                    reason="this host lets SEIS make no memory cgroup, so no sandbox has a whole-sandbox bound")
+def test_an_engine_past_its_sandboxs_memory_bound_is_its_own_failure_not_the_hosts(tmp_path):
+    """A candidate that holds more host memory than its sandbox's bound (3 GiB of RAM-backed /tmp against 1 GiB)
+    is killed inside its own sandbox, and that is its failed check, never a host failure that would end the run
+    with no verdict (the kernel counts that kill among the host's OOM kills too)."""
+    handle = _handle(_engine(tmp_path, TMP_HOG), sandbox_memory_gb=1.0)
+    try:
+        handle.start()
+        assert handle.build() is None
+        [failure] = handle.failures
+        assert "memory bound, 1.0 GiB" in failure.message and "the kernel killed" in failure.message
+    finally:
+        handle.close()
 
 
 def test_an_engine_that_fails_on_its_own_is_the_candidates_failure(tmp_path):
@@ -248,3 +272,61 @@ def test_overlapping_runs_in_one_process_leave_tempfile_usable_and_remove_their_
     assert not root_a.exists() and not root_b.exists()
     with tempfile.TemporaryDirectory() as d:  # tempfile works after both (it pointed at a removed dir before)
         assert Path(d).is_dir()
+
+
+# ---- a reference that fails beside the candidate -------------------------------------------------------------------
+# The reference's build fails in its first process of a gate only: its cache directory (one per reference tree,
+# kept across its processes) remembers. It stands for a reference that a candidate's company broke (on a GPU, a
+# candidate that takes the device's memory makes the reference's allocations fail), and that builds alone.
+FAILS_FIRST_BUILD = ("        from pathlib import Path as _Path\n"
+                     "        if not _Path('/cache/built-once').exists():\n"
+                     "            _Path('/cache/built-once').write_text('')\n"
+                     "            raise RuntimeError('CUDA out of memory (stands for a neighbour that took the GPU)')\n"
+                     "        opts, cfg = self.options, self.config\n")
+FAILS_EVERY_BUILD = "        raise RuntimeError('the reference is broken')\n"
+
+
+@pytest.fixture
+def reference(tmp_path):
+    """An E0 copy of its own (a nonce file makes its tree, and so its kept cache directory, unique to the test);
+    `reference(build_prefix)` puts build_prefix at the start of its build. The cache is removed afterwards."""
+    import uuid
+
+    from evaluator_helpers import ENGINE_PY, copy_engine, edit
+    from seis.engine_host.jit_cache import trusted_cache
+    from seis.evaluator.snapshot import tree_sha256
+    made = []
+
+    def make(build_prefix: str) -> Path:
+        root = copy_engine(tmp_path / "reference")
+        (root / "nonce.txt").write_text(uuid.uuid4().hex)
+        edit(root, ENGINE_PY, "        opts, cfg = self.options, self.config\n", build_prefix)
+        made.append(trusted_cache(tree_sha256(root)))
+        return root
+
+    yield make
+    for cache in made:
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.with_name(cache.name + ".lock").unlink(missing_ok=True)
+
+
+def test_a_reference_that_fails_beside_the_candidate_but_not_alone_fails_the_candidate(tmp_path, prepared_dir,
+                                                                                      reference):
+    """The gate replays the reference's calls with no engine beside it: they pass, so the failure was its
+    company's doing, and the candidate fails (engine.reference_alone) instead of the run ending with no verdict."""
+    from evaluator_helpers import copy_engine, tiny_config
+    from seis.evaluator import run_gate
+    result = run_gate(tiny_config(prepared_dir, copy_engine(tmp_path / "candidate"),
+                                  reference=reference(FAILS_FIRST_BUILD)))
+    assert result.verdict == "fail" and result.failed_checks == ["engine.reference_alone"], result.failed_checks
+    [check] = [c for c in result.checks if c.name == "engine.reference_alone"]
+    assert "failed in 'build'" in check.detail and "neighbour that took the GPU" in check.detail
+    assert "the same 1 call(s) without failing" in check.detail and "reference_alone" in result.timings_s
+
+
+def test_a_reference_that_fails_alone_too_leaves_the_gate_without_a_verdict(tmp_path, prepared_dir, reference):
+    from evaluator_helpers import copy_engine, tiny_config
+    from seis.evaluator import ReferenceFailure, run_gate
+    with pytest.raises(ReferenceFailure, match="the reference is broken"):
+        run_gate(tiny_config(prepared_dir, copy_engine(tmp_path / "candidate"),
+                             reference=reference(FAILS_EVERY_BUILD)))

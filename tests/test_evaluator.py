@@ -325,7 +325,12 @@ def test_timings_at_once_on_one_host_take_cpus_of_their_own_and_release_them() -
 
 def test_engine_process_runs_isolated_from_a_snapshot(e0_gate: GateResult) -> None:
     iso, seen = e0_gate.isolation, e0_gate.engine_stats["parent"]
-    assert iso.memory_limit.startswith("RLIMIT_AS") and seen["probe_rlimit_as"] == iso.memory_limit_bytes
+    assert "RLIMIT_AS" in iso.memory_limit and seen["probe_rlimit_as"] == iso.memory_limit_bytes
+    from seis.sandbox.cgroup import can_cage
+    # the whole sandbox in a memory cgroup where the host allows one (the bound is tried in test_clean_failure.py:
+    # the sandbox sees its own cgroup namespace, not the bound)
+    assert (iso.sandbox_memory_bytes is not None) == can_cage() == iso.memory_limit.startswith("memory cgroup")
+    assert seen["probe_oom_score_adj"] == "1000"   # the OOM killer's first choice, before anything of the host's
     assert "bubblewrap" in iso.sandbox and iso.frozen_while_timed
     assert {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"} <= set(seen["probe_env"])
     assert not {"https_proxy", "SEIS_TEST_PRIVATE"} & set(seen["probe_env"])

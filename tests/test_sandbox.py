@@ -456,6 +456,24 @@ def test_limits_apply_inside() -> None:
     assert seen == {"nproc": 300, "as": 3 * 2**30, "fsize": 2**20}
 
 
+def test_the_oom_killer_takes_a_sandbox_first_and_it_cannot_change_that() -> None:
+    """Every sandboxed process goes before the host's (the orchestrator, its API keys in memory) when the host runs
+    out of memory; lowering that from inside is refused."""
+    seen = run_probe("""
+        import json
+        adj = open('/proc/self/oom_score_adj').read().strip()
+        try:
+            with open('/proc/self/oom_score_adj', 'w') as f:
+                f.write('-1000')
+            lowered = open('/proc/self/oom_score_adj').read().strip()
+        except OSError as e:
+            lowered = type(e).__name__
+        print(json.dumps({'adj': adj, 'lowered': lowered}))
+    """)
+    assert seen == {"adj": "1000", "lowered": "PermissionError"}
+    assert open("/proc/self/oom_score_adj").read().strip() != "1000"  # the host's own processes keep theirs
+
+
 def test_engine_sees_its_tree_and_model_read_only(tmp_path: Path) -> None:
     from seis.models import resolve_model
     model = resolve_model("tiny-qwen3")

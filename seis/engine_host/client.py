@@ -33,12 +33,14 @@ class EngineTimeout(EngineError):
 class EngineExited(EngineError):
     """The engine process ended without answering. `returncode` is its exit status (negative: the signal);
     `host_oom`: whether the kernel's out-of-memory killer killed anything on the host while it ran (None: the
-    kernel does not say); `watch_killed`: the host killed it for writing past its limits."""
+    kernel does not say); `watch_killed`: the host killed it for writing past its limits; `bound_oom`: the kernel
+    killed in its sandbox because the sandbox reached its own memory bound."""
 
     def __init__(self, message: str, returncode: int | None, host_oom: bool | None = None,
-                 watch_killed: bool = False):
+                 watch_killed: bool = False, bound_oom: bool = False):
         super().__init__(message)
         self.returncode, self.host_oom, self.watch_killed = returncode, host_oom, watch_killed
+        self.bound_oom = bound_oom
 
     @property
     def sigkilled(self) -> bool:
@@ -49,8 +51,9 @@ class EngineExited(EngineError):
     @property
     def killed_by_host(self) -> bool:
         """The SIGKILL was most likely the kernel's OOM killer, not the engine's doing: nothing to charge to the
-        engine. An engine that kills itself while no OOM kill happens, or that the write watch ends, is not."""
-        return self.sigkilled and not self.watch_killed and self.host_oom is not False
+        engine. An engine that kills itself while no OOM kill happens, that the write watch ends, or that reaches
+        its sandbox's memory bound (the kernel counts that OOM kill on the host too) is not."""
+        return self.sigkilled and not self.watch_killed and not self.bound_oom and self.host_oom is not False
 
 
 @dataclass(frozen=True)
@@ -71,18 +74,20 @@ class EngineProcess:
     SEIS but the worker script. Closing it ends every process the engine started.
 
     env: extra variables over the allow-listed environment; memory_bytes: RLIMIT_AS (CPU only); cache_dir: a
-    host directory the engine may write its JIT caches to (else they live in the sandbox's private /tmp).
+    host directory the engine may write its JIT caches to (else they live in the sandbox's private /tmp);
+    sandbox_memory_bytes: the whole sandbox's host-memory bound (engine_host.policy.engine_sandbox_memory_bytes).
     """
 
     def __init__(self, engine_dir: str | Path, model_dir: str | Path, options: dict | None = None,
                  timeout_s: float = 600.0, env: Mapping[str, str] | None = None, *,
-                 memory_bytes: int | None = None, cache_dir: Path | None = None):
+                 memory_bytes: int | None = None, cache_dir: Path | None = None,
+                 sandbox_memory_bytes: int | None = None):
         self.engine_dir = check_engine_dir(engine_dir)
         self.model_dir = Path(model_dir)
         self.options = options or {}
         self.timeout_s = timeout_s
         self.policy = engine_policy(self.engine_dir, self.model_dir, self.options.get("device"), env,
-                                    memory_bytes, cache_dir)
+                                    memory_bytes, cache_dir, sandbox_memory_bytes)
         self.box: SandboxedProcess | None = None
         self.watch: WriteWatch | None = None
         self.proc: subprocess.Popen | None = None
@@ -204,8 +209,16 @@ class EngineProcess:
     def _exited(self, message: str, code: int | None) -> EngineExited:
         now = cgroup.host_oom_kills()
         host_oom = None if now is None or self._oom_kills_at_start is None else now > self._oom_kills_at_start
-        return EngineExited(f"{message}{self._watch_note()}{self._stderr_tail()}", code, host_oom,
-                            watch_killed=self.watch is not None and self.watch.exceeded is not None)
+        killed_at_bound = self.box.oom_kills() if self.box is not None else 0
+        return EngineExited(f"{message}{self._watch_note()}{self._bound_note(killed_at_bound)}{self._stderr_tail()}",
+                            code, host_oom, watch_killed=self.watch is not None and self.watch.exceeded is not None,
+                            bound_oom=killed_at_bound > 0)
+
+    def _bound_note(self, killed: int) -> str:
+        if not killed:
+            return ""
+        return (f" (its sandbox reached its memory bound, {self.policy.limits.sandbox_memory_bytes / 2**30:.1f} GiB "
+                f"for its processes, /tmp and /dev/shm together: the kernel killed {killed} process(es) in it)")
 
     def _watch_note(self) -> str:
         return f" ({self.watch.exceeded})" if self.watch is not None and self.watch.exceeded else ""

@@ -19,6 +19,15 @@ WORKER = f"{HOST_MOUNT}/worker.py"
 ENGINE_WRITTEN_BYTES, ENGINE_WRITTEN_ENTRIES = 8 * 2**30, 100_000
 
 
+def engine_sandbox_memory_bytes() -> int:
+    """Host memory one engine sandbox may hold at once, its processes and the pages of its RAM-backed /tmp and
+    /dev/shm together (GPU memory is not host memory), where the host lets SEIS make a memory cgroup: a quarter of
+    the host, at least 8 GiB. Room for a gate's three engines beside the orchestrator, and for a JIT compile in one;
+    past it the kernel kills inside that sandbox, never elsewhere on the host."""
+    from ..sandbox.cgroup import host_memory_bytes
+    return max(8 * 2**30, host_memory_bytes() // 4)
+
+
 def cache_env(root: str) -> dict[str, str]:
     """Point every JIT cache the engine's libraries know of (Triton, Inductor, FlashInfer, CUDA's PTX cache) at
     `root` inside the sandbox."""
@@ -43,8 +52,10 @@ def libcuda_dir() -> str | None:
 
 
 def engine_policy(engine_dir: Path, model_dir: Path, device: str | None, env: Mapping[str, str] | None = None,
-                  memory_bytes: int | None = None, cache_dir: Path | None = None) -> SandboxPolicy:
-    """env is layered over the allow-listed environment (thread counts and the like)."""
+                  memory_bytes: int | None = None, cache_dir: Path | None = None,
+                  sandbox_memory_bytes: int | None = None) -> SandboxPolicy:
+    """env is layered over the allow-listed environment (thread counts and the like); memory_bytes: RLIMIT_AS of
+    each process (CPU only); sandbox_memory_bytes: the whole sandbox's bound (default engine_sandbox_memory_bytes)."""
     binds = [Bind(engine_dir, ENGINE_MOUNT), Bind(model_dir.resolve(), MODEL_MOUNT),
              Bind(HOST_DIR / "worker.py", WORKER), Bind(PROJECT_ROOT / "seis" / "engine_import.py",
                                                            f"{HOST_MOUNT}/engine_import.py")]
@@ -58,7 +69,8 @@ def engine_policy(engine_dir: Path, model_dir: Path, device: str | None, env: Ma
         if not libcuda_dir().startswith(("/usr/", "/lib")):  # outside the system view: show it read-only
             binds.append(Bind(Path(libcuda_dir()), libcuda_dir()))
     limits = Limits(memory_bytes=memory_bytes, max_written_bytes=ENGINE_WRITTEN_BYTES,
-                    max_written_entries=ENGINE_WRITTEN_ENTRIES)
+                    max_written_entries=ENGINE_WRITTEN_ENTRIES,
+                    sandbox_memory_bytes=sandbox_memory_bytes or engine_sandbox_memory_bytes())
     return SandboxPolicy(tuple(binds), full_env, cwd="/tmp", gpus=gpus, limits=limits)
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, TypeAdapter, ValidationEr
 from ..engine_host import EngineError, EngineExited, EngineProcess, EngineTimeout
 from ..engine_host.client import Sampling
 from ..sandbox import SandboxError
-from .errors import HostFailure, ReferenceFailure
+from .errors import HostFailure, ReferenceEngineFailure, ReferenceFailure
 from .isolation import Isolation
 
 
@@ -56,16 +56,22 @@ class Deadline:
 
 
 class EngineHandle:
-    """One engine process. `trusted` engines (the reference) raise ReferenceFailure on any problem; an untrusted
-    one (candidate, parent) records it in `failures` and returns None, so the gate can keep judging."""
+    """One engine process. `trusted` engines (the reference) raise ReferenceEngineFailure on any problem, and keep
+    the calls they were made (`made`, so that `again()` can replay them); an untrusted one (candidate, parent)
+    records a problem in `failures` and returns None, so the gate can keep judging."""
 
     def __init__(self, role: str, engine_dir: Path, model_dir: Path, options: dict, isolation: Isolation,
                  deadline: Deadline, build_timeout_s: float, call_timeout_s: float, trusted: bool,
                  cache_dir: Path | None = None):
+        # the same engine in a fresh process, with a deadline as long as this one's was
+        self.again = lambda: EngineHandle(role, engine_dir, model_dir, options, isolation, Deadline(deadline.seconds),
+                                          build_timeout_s, call_timeout_s, trusted, cache_dir)
+        self.made: list[tuple[str, tuple]] = []
         self.role, self.trusted, self.deadline = role, trusted, deadline
         self.build_timeout_s, self.call_timeout_s = build_timeout_s, call_timeout_s
         self.proc = EngineProcess(engine_dir, model_dir, options, timeout_s=call_timeout_s, env=isolation.env,
-                                  memory_bytes=isolation.memory_limit_bytes, cache_dir=cache_dir)
+                                  memory_bytes=isolation.memory_limit_bytes, cache_dir=cache_dir,
+                                  sandbox_memory_bytes=isolation.sandbox_memory_bytes)
         self.failures: list[Failure] = []
         self.timed_out = False
         self.build_info: dict[str, Any] | None = None
@@ -90,6 +96,8 @@ class EngineHandle:
             self.proc.box.freeze()
         except SandboxError as e:
             self.proc.kill()
+            if self.trusted:  # no call of its own failed: nothing to replay
+                raise ReferenceFailure(f"the {self.role} engine could not be frozen: {e}") from None
             self._fail("freeze", str(e))
 
     def thaw(self) -> None:
@@ -102,10 +110,12 @@ class EngineHandle:
     def close(self) -> None:
         self.proc.close()
 
-    def _call(self, op: str, fn, per_call_s: float, parse=None):
+    def _call(self, op: str, fn, per_call_s: float, parse=None, args: tuple = ()):
+        if self.trusted:
+            self.made.append((op, args))
         if op != "build" and not self.usable:
             if self.trusted:
-                raise ReferenceFailure(f"the {self.role} engine is not running (before '{op}')")
+                raise ReferenceEngineFailure(f"the {self.role} engine is not running (before '{op}')")
             return None  # failed to build, died or timed out earlier: that failure is already recorded
         limit = self.deadline.limit(per_call_s)
         self.calls += 1
@@ -122,7 +132,7 @@ class EngineHandle:
             if e.killed_by_host:  # SIGKILL while the OOM killer struck (timeouts are handled above): the host's
                 raise HostFailure(f"the {self.role} engine was killed by the host during '{op}' (SIGKILL, no error "
                                   f"of its own; the kernel's OOM killer struck meanwhile): no verdict") from None
-            if e.sigkilled and not e.watch_killed:
+            if e.sigkilled and not e.watch_killed and not e.bound_oom:
                 return self._fail(op, f"{e}; the kernel's OOM killer killed nothing on the host meanwhile: the "
                                       f"engine's own doing")
             return self._fail(op, str(e))
@@ -133,7 +143,7 @@ class EngineHandle:
 
     def _fail(self, op: str, message: str, timeout: bool = False):
         if self.trusted:
-            raise ReferenceFailure(f"the {self.role} engine failed in '{op}': {message}")
+            raise ReferenceEngineFailure(f"the {self.role} engine failed in '{op}': {message}")
         self.failures.append(Failure(op, message, timeout))
         return None
 
@@ -143,18 +153,23 @@ class EngineHandle:
 
     def generate(self, prompts: list[list[int]], sampling: list[Sampling]) -> list[GenerationOut] | None:
         return self._call("generate", lambda t: self.proc.generate(prompts, sampling, timeout_s=t),
-                          self.call_timeout_s, _GENERATIONS.validate_python)
+                          self.call_timeout_s, _GENERATIONS.validate_python, (prompts, sampling))
 
     def score(self, prompts: list[list[int]], continuations: list[list[int]], top_k: int) -> list[ScoreOut] | None:
         return self._call("score", lambda t: self.proc.score(prompts, continuations, top_k, timeout_s=t),
-                          self.call_timeout_s, _SCORES.validate_python)
+                          self.call_timeout_s, _SCORES.validate_python, (prompts, continuations, top_k))
 
     def verify(self, prefixes: list[list[int]], drafts: list[list[int]], top_k: int) -> list[ScoreOut] | None:
         return self._call("verify", lambda t: self.proc.verify(prefixes, drafts, top_k, timeout_s=t),
-                          self.call_timeout_s, _SCORES.validate_python)
+                          self.call_timeout_s, _SCORES.validate_python, (prefixes, drafts, top_k))
 
     def stats(self) -> dict | None:
         return self._call("stats", lambda t: self.proc.stats(timeout_s=t), self.call_timeout_s)
+
+    def replay(self, made: list[tuple[str, tuple]]) -> None:
+        """Make the calls another handle of this engine was made (its `made`), in order."""
+        for op, args in made:
+            getattr(self, op)(*args)
 
 
 def start_and_build(handles: list[EngineHandle]) -> None:
@@ -163,4 +178,4 @@ def start_and_build(handles: list[EngineHandle]) -> None:
         h.start()
     with ThreadPoolExecutor(max_workers=len(handles)) as pool:
         for future in [pool.submit(h.build) for h in handles]:
-            future.result()  # re-raises ReferenceFailure
+            future.result()  # re-raises ReferenceEngineFailure

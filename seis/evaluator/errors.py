@@ -17,3 +17,9 @@ class HostFailure(RuntimeError):
 
 class GateInterrupted(HostFailure):
     """The run was interrupted while this gate ran: its engines were killed, so it has no verdict."""
+
+
+class ReferenceEngineFailure(ReferenceFailure):
+    """The reference engine itself failed a call (an error, a crash, a timeout, a malformed reply), as opposed to
+    the gate finding the reference's tree changed or processes left over. Beside untrusted engines that may be their
+    doing (a candidate holding the GPU's memory): the gate replays the reference's calls alone to tell."""

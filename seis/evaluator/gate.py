@@ -14,7 +14,7 @@ from pathlib import Path
 from .correctness import run_correctness
 from ..sandbox import SandboxError, interrupted
 from .engines import Deadline, EngineHandle, start_and_build
-from .errors import GateInputError, GateInterrupted, HostFailure, ReferenceFailure
+from .errors import GateInputError, GateInterrupted, HostFailure, ReferenceEngineFailure, ReferenceFailure
 from .gate_config import GateConfig, SpeedConfig
 from .isolation import OFFLINE_ENV, VISIBLE, Isolation, make_isolation
 from .logit_scale import eos_gap_scale
@@ -140,7 +140,9 @@ def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[s
 def _isolation_record(config: GateConfig, iso: Isolation) -> IsolationRecord:
     c = config.isolation
     return IsolationRecord(sandbox=iso.sandbox, visible_paths=list(VISIBLE), memory_limit=iso.memory_limit,
-                           memory_limit_bytes=iso.memory_limit_bytes, offline_env=dict(OFFLINE_ENV),
+                           memory_limit_bytes=iso.memory_limit_bytes,
+                           sandbox_memory_bytes=iso.sandbox_memory_bytes if iso.caged else None,
+                           offline_env=dict(OFFLINE_ENV),
                            env_keys=iso.env_keys, build_timeout_s=c.build_timeout_s,
                            call_timeout_s=c.call_timeout_s, gate_timeout_s=c.gate_timeout_s)
 
@@ -209,14 +211,19 @@ def run_gate(config: GateConfig) -> GateResult:
         vocab, _ = read_model_limits(setup.model_dir)
         timings["setup"] = time.monotonic() - t0
         handles = _handles(config, setup, wl.budget.max_seq_len, trusted={"vanilla"}, held=held)
+        failed_beside: ReferenceEngineFailure | None = None
         try:
             judged = _judge(config, setup, wl, handles, vocab, timings)
         except (ReferenceFailure, HostFailure, SandboxError) as e:
             if interrupted():
                 raise GateInterrupted("the run was interrupted while the gate ran") from e
-            raise
+            if not isinstance(e, ReferenceEngineFailure) or len(handles) == 1:
+                raise
+            failed_beside = e
         finally:
             _close(handles)
+        if failed_beside is not None:
+            judged = _reference_alone(handles["vanilla"], failed_beside, timings)
         if interrupted():  # its engines were killed under it: whatever failed, the candidate is not to blame
             raise GateInterrupted("the run was interrupted while the gate ran")
         result = _gate_result(config, setup, wl, handles["candidate"], judged, timings, started, t0)
@@ -262,6 +269,28 @@ def _judge(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[s
         judged.checks += speed_checks
     judged.stats = {role: h.stats() for role, h in handles.items() if h.usable}
     return judged
+
+
+def _reference_alone(ref: EngineHandle, failure: ReferenceEngineFailure, timings: dict[str, float]) -> _Judged:
+    """The reference failed while untrusted engines ran beside it (every engine is closed now). It makes the same
+    calls again, in the same order, in a fresh process with no engine beside it. Failing alone too, the fault is
+    its own or the host's: `failure` is raised and the gate has no verdict. Not failing, the fault was its
+    company's (a candidate that holds the GPU's memory, say): the candidate fails, rather than ending the run."""
+    alone = ref.again()
+    try:
+        with _timed(timings, "reference_alone"):
+            alone.start()
+            alone.replay(ref.made)
+    except (ReferenceFailure, SandboxError) as e:
+        if interrupted():
+            raise GateInterrupted("the run was interrupted while the gate ran") from e
+        raise failure from e
+    finally:
+        _close({"vanilla": alone})
+    return _Judged(checks=[CheckResult.bounded(
+        "engine.reference_alone", 0.0, lower=1.0,
+        detail=f"beside the candidate, {failure}; alone, the reference made the same {len(ref.made)} call(s) "
+               f"without failing")])
 
 
 def _speed(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[str, EngineHandle],

@@ -148,6 +148,9 @@ class IsolationConfig(_Frozen):
     call_timeout_s: float = Field(600.0, gt=0)
     gate_timeout_s: float = Field(3600.0, gt=0)
     memory_limit_gb: float | None = Field(16.0, gt=0)  # CPU: RLIMIT_AS of each engine process
+    # Each engine sandbox's host memory, its processes and RAM-backed /tmp and /dev/shm together, where the host lets
+    # SEIS make a memory cgroup (CPU and GPU alike). None: engine_host.policy.engine_sandbox_memory_bytes()
+    sandbox_memory_gb: float | None = Field(None, gt=0)
     max_tree_mb: float = Field(256.0, gt=0)      # refuse absurdly large candidate trees
     # CPU only: intra-op threads per engine process. One thread keeps CPU timings comparable on a shared
     # machine (a multi-threaded decode step stalls whenever another process holds a core). None: torch default.

@@ -2,7 +2,7 @@
 
 Every engine (reference, parent and candidate alike) runs through seis.engine_host in the one sandbox of
 seis.sandbox: an unprivileged user in its own namespaces, seeing only its private tree copy, the model and a
-scratch directory. This module adds the gate's own settings (memory cap, CPU threads) and checks that the
+scratch directory. This module adds the gate's own settings (memory bounds, CPU threads) and checks that the
 sandbox works here before any engine starts.
 """
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass, field
 
-from ..engine_host.policy import CACHE_MOUNT, ENGINE_MOUNT, MODEL_MOUNT, HOST_MOUNT
+from ..engine_host.policy import CACHE_MOUNT, ENGINE_MOUNT, HOST_MOUNT, MODEL_MOUNT, engine_sandbox_memory_bytes
 from ..sandbox import INSTALL_HINT, OFFLINE_ENV, SandboxUnavailable, allowed_env, bwrap_version
+from ..sandbox.cgroup import can_cage
 from .errors import GateInputError
 from .gate_config import IsolationConfig
 
@@ -27,24 +28,35 @@ class Isolation:
 
     sandbox: str                      # what bubblewrap provides here, in words
     env: dict[str, str] = field(default_factory=dict)  # over the sandbox's allow-listed environment
-    memory_limit: str = "none"
-    memory_limit_bytes: int | None = None
+    memory_limit: str = "none"        # the memory bounds below, in words
+    memory_limit_bytes: int | None = None    # RLIMIT_AS of each engine process (CPU only)
+    sandbox_memory_bytes: int | None = None  # asked of each engine sandbox as a whole (seis.sandbox.Limits)
+    caged: bool = False               # whether a memory cgroup holds each sandbox to it (else RLIMIT_AS, CPU only)
 
     @property
     def env_keys(self) -> list[str]:
         return sorted({**allowed_env(), **self.env})
 
 
-def memory_limits(device_type: str, cfg: IsolationConfig) -> tuple[str, int | None]:
-    if cfg.memory_limit_gb is None:
-        return "none (disabled)", None
-    if device_type != "cpu":
-        return "none (CUDA reserves a huge virtual address space, so RLIMIT_AS cannot be used)", None
-    limit = int(cfg.memory_limit_gb * 2**30)
-    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    return f"RLIMIT_AS {limit / 2**30:g} GiB", limit
+def memory_limits(device_type: str, cfg: IsolationConfig) -> tuple[str, int | None, int]:
+    """(the bounds in words, RLIMIT_AS per process or None, the whole sandbox's bound). With a memory cgroup the
+    sandbox's bound holds on CPU and GPU alike; without one it falls back to RLIMIT_AS per process on CPU (what
+    the sandbox applies, seis.sandbox.process), and to nothing on CUDA, whose address space reservation is huge."""
+    sandbox = int(cfg.sandbox_memory_gb * 2**30) if cfg.sandbox_memory_gb else engine_sandbox_memory_bytes()
+    per_process = None
+    if cfg.memory_limit_gb is not None and device_type == "cpu":
+        per_process = int(cfg.memory_limit_gb * 2**30)
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        if hard != resource.RLIM_INFINITY:
+            per_process = min(per_process, hard)
+    if can_cage():
+        words = f"memory cgroup {sandbox / 2**30:g} GiB per engine sandbox"
+        return words + (f"; RLIMIT_AS {per_process / 2**30:g} GiB per process" if per_process else ""), \
+            per_process, sandbox
+    if device_type == "cpu":
+        per_process = min(per_process or sandbox, sandbox)
+        return f"RLIMIT_AS {per_process / 2**30:g} GiB per process (no memory cgroup here)", per_process, sandbox
+    return "none (no memory cgroup here, and CUDA reserves too much address space for RLIMIT_AS)", None, sandbox
 
 
 def make_isolation(device_type: str, cfg: IsolationConfig) -> Isolation:
@@ -53,12 +65,13 @@ def make_isolation(device_type: str, cfg: IsolationConfig) -> Isolation:
     except SandboxUnavailable as e:
         raise GateInputError(f"the gate runs engines only inside its sandbox, which is unavailable: {e} "
                              f"({INSTALL_HINT})") from None
-    memory, limit = memory_limits(device_type, cfg)
+    memory, limit, sandbox_limit = memory_limits(device_type, cfg)
     env: dict[str, str] = {}
     if device_type == "cpu" and cfg.cpu_threads:
         env = {"OMP_NUM_THREADS": str(cfg.cpu_threads), "MKL_NUM_THREADS": str(cfg.cpu_threads)}
     return Isolation(sandbox=f"{version}; unprivileged user, no capabilities, no_new_privs, own PID/mount/IPC/"
-                             f"UTS/network namespaces", env=env, memory_limit=memory, memory_limit_bytes=limit)
+                             f"UTS/network namespaces", env=env, memory_limit=memory, memory_limit_bytes=limit,
+                     sandbox_memory_bytes=sandbox_limit, caged=can_cage())
 
 
 __all__ = ["Isolation", "OFFLINE_ENV", "VISIBLE", "make_isolation", "memory_limits"]

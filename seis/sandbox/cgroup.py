@@ -10,6 +10,7 @@ memory hierarchy (memory.limit_in_bytes). The sandbox's user cannot leave it: cg
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -115,6 +116,19 @@ class MemoryCage:
     def remove(self) -> None:
         """Remove the cage once its processes are gone (a few retries: the last exits are reaped lazily)."""
         _remove_dir(self.dir)
+
+
+@functools.cache
+def can_cage() -> bool:
+    """Whether sandboxes started by this process get a memory cgroup (seis.sandbox.SandboxedProcess makes one as
+    root, where a hierarchy lets it): a cage made and removed again tells."""
+    if os.geteuid() != 0:
+        return False
+    cage = MemoryCage.create(f"seis-probe-{os.getpid()}", 2**30)
+    if cage is None:
+        return False
+    cage.remove()
+    return True
 
 
 _VMSTAT = Path("/proc/vmstat")

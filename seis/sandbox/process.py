@@ -210,6 +210,18 @@ def sweep_leftovers() -> int:
             os.close(fd)
 
 
+# The kernel's OOM killer picks the process with the most memory, weighted by oom_score_adj: at the maximum, every
+# sandboxed process goes before the orchestrator or anything else of the host's, however little it holds. Raising
+# it needs no privilege; a sandbox, with no capabilities, cannot lower it again.
+OOM_SCORE_ADJ = 1000
+
+
+def _oom_first_argv() -> list[str]:
+    """A prefix that sets the process's oom_score_adj to OOM_SCORE_ADJ, then execs the rest of the command line
+    (everything it starts inherits it). If the write fails, nothing runs."""
+    return ["sh", "-c", f'echo {OOM_SCORE_ADJ} > /proc/self/oom_score_adj && exec "$@"', "sh"]
+
+
 def _limit_args(policy: SandboxPolicy, caged: bool) -> list[str]:
     """`prlimit` in front of bwrap, so the limits hold for everything started inside. Not a preexec_fn: Python
     code between fork and exec can deadlock in a process with threads, and gates start engines from threads.
@@ -284,7 +296,8 @@ class SandboxedProcess:
             # bwrap reads its options from a file descriptor, so its init (pid 1 inside, whose command line every
             # process of the sandbox can read) shows `bwrap --args N -- <command>`, not the host paths it binds
             args_fd = _args_file(bwrap.options(policy, self.uid, write_fd, self.forbidden))
-            launch = [*(self.cage.enter_argv() if self.cage else []), *_limit_args(policy, self.cage is not None),
+            launch = [*(self.cage.enter_argv() if self.cage else []), *_oom_first_argv(),
+                      *_limit_args(policy, self.cage is not None),
                       "bwrap", "--args", str(args_fd), "--", *bwrap.user_switch(self.uid), *self.argv]
             self.proc = subprocess.Popen(launch, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE,

@@ -174,6 +174,10 @@ def make_gpu_busy_after_reply(dest: Path) -> Path:
     return overlay(copy_engine(dest), "gpu_busy_after_reply")
 
 
+def make_hog_memory(dest: Path) -> Path:
+    return overlay(copy_engine(dest), "hog_memory")
+
+
 def make_fast_when_long(dest: Path) -> Path:
     return overlay(layer_skip_switch(copy_engine(dest)), "fast_when_long")
 
@@ -233,6 +237,9 @@ CANDIDATES: dict[str, Candidate] = {c.name: c for c in [
     Candidate("gpu_busy_after_reply", make_gpu_busy_after_reply, "speed",
               "on CUDA leaves an 8 s spin kernel running after each of its replies, longer than the gate waits "
               "for an idle GPU (on CPU: E0)"),
+    Candidate("hog_memory", make_hog_memory, "side_effect",
+              "takes the memory the others need at import: all free device memory on CUDA, 3 GiB of RAM-backed /tmp "
+              "on either device (its test bounds the sandbox at 1.5 GiB): the reference fails, the gate has no verdict"),
     Candidate("fast_when_long", make_fast_when_long, "speed",
               "skips every other layer when max_new_tokens exceeds any multi-prompt call's"),
     Candidate("fast_when_call_gap", make_fast_when_call_gap, "speed",
