@@ -274,10 +274,9 @@ def test_a_verdict_that_comes_back_after_an_interrupt_is_not_recorded(harness, t
     import seis.sandbox.process as process
     import tasks.session as ts
     from seis.agents import AgentResult
-    from seis.engine_import import ENGINE_TEMPLATE
-    from seis.session import SessionSpec
     from seis.session.judge import Judgement
     from seis.store import SnapshotStore
+    from session_fakes import first_session
     from tasks.cancelled import RunCancelled
 
     monkeypatch.setattr(process, "_INTERRUPTED", threading.Event())  # this test's interrupt, not the process's
@@ -294,10 +293,7 @@ def test_a_verdict_that_comes_back_after_an_interrupt_is_not_recorded(harness, t
     monkeypatch.setattr(ts, "judge", gate_then_ctrl_c)
     monkeypatch.setattr(ts, "gpu_slot", lambda *a, **k: nullcontext())
     store = SnapshotStore(tmp_path / "store")
-    vanilla = store.put(ENGINE_TEMPLATE)
-    config = RunConfig(model="tiny-qwen3", device="cpu", gate="smoke", out=tmp_path / "run", store=store.root)
-    spec = SessionSpec(run_id="r", chain="c0", chain_index=0, session=0, parent_snapshot=vanilla,
-                       session_dir=tmp_path / "run" / "chains" / "c0" / "000", vanilla_snapshot=vanilla)
+    config, spec = first_session(tmp_path, store)
 
     @flow
     def one_session():
@@ -306,4 +302,4 @@ def test_a_verdict_that_comes_back_after_an_interrupt_is_not_recorded(harness, t
     with pytest.raises(RunCancelled, match="interrupted"):
         one_session()
     assert not (spec.session_dir / "outcome.json").exists() and not (spec.session_dir / "report.md").exists()
-    assert [s.id for s in store.list()] == [vanilla]     # nothing of the unrecorded session was stored
+    assert [s.id for s in store.list()] == [spec.parent_snapshot]   # nothing of the unrecorded session was stored

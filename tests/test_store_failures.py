@@ -141,8 +141,8 @@ def test_a_refused_session_is_recorded_and_the_next_session_runs(harness, tmp_pa
     import tasks.session as ts
     from seis.agents import AgentResult
     from seis.agents.report import SessionBlock, render_report
-    from seis.run_config import RunConfig
     from seis.session.judge import Judgement
+    from session_fakes import first_session
 
     def fake_agent(config, spec, workspace):
         (workspace.root / "engine" / "note.txt").write_text(f"session {spec.session}\n")
@@ -166,10 +166,8 @@ def test_a_refused_session_is_recorded_and_the_next_session_runs(harness, tmp_pa
 
     repo = _repo(tmp_path / "repo")
     store = SnapshotStore(repo / "snapshots")
-    vanilla = store.put(ENGINE_TEMPLATE)
-    config = RunConfig(model="tiny-qwen3", device="cpu", gate="smoke", out=tmp_path / "run", store=store.root)
-    first = SessionSpec(run_id="r", chain="c0", chain_index=0, session=0, parent_snapshot=vanilla,
-                        session_dir=tmp_path / "run" / "chains" / "c0" / "000", vanilla_snapshot=vanilla)
+    config, first = first_session(tmp_path, store)
+    vanilla = first.parent_snapshot
 
     @flow
     def two_sessions():
