@@ -21,11 +21,11 @@ ENGINE_WRITTEN_BYTES, ENGINE_WRITTEN_ENTRIES = 8 * 2**30, 100_000
 
 def engine_sandbox_memory_bytes() -> int:
     """Host memory one engine sandbox may hold at once, its processes and the pages of its RAM-backed /tmp and
-    /dev/shm together (GPU memory is not host memory), where the host lets SEIS make a memory cgroup: a quarter of
-    the host, at least 8 GiB. Room for a gate's three engines beside the orchestrator, and for a JIT compile in one;
-    past it the kernel kills inside that sandbox, never elsewhere on the host."""
+    /dev/shm together (GPU memory is not host memory), where the host lets SEIS make a memory cgroup: half the
+    host, at least 8 GiB. Room for a JIT compile of many jobs in one engine; past it the kernel kills inside that
+    sandbox, and what a gate's engines hold together is the OOM killer's to bound (sandboxes go first)."""
     from ..sandbox.cgroup import host_memory_bytes
-    return max(8 * 2**30, host_memory_bytes() // 4)
+    return max(8 * 2**30, host_memory_bytes() // 2)
 
 
 def cache_env(root: str) -> dict[str, str]:
