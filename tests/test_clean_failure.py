@@ -102,7 +102,7 @@ def test_an_engine_past_its_sandboxs_memory_bound_is_its_own_failure_not_the_hos
         handle.start()
         assert handle.build() is None
         [failure] = handle.failures
-        assert "memory bound, 1.0 GiB" in failure.message and "the kernel killed" in failure.message
+        assert "memory bound (1.0 GiB" in failure.message and "the kernel killed" in failure.message
     finally:
         handle.close()
 

@@ -272,7 +272,7 @@ def test_a_memory_hog_is_stopped_at_the_sandbox_bound_and_says_so(tmp_path, hog)
     done = run_shell(hog, ws.root, 60, box)
     assert "SURVIVED" not in done.output, done.output
     if _cage_possible():
-        assert done.limit_note and "memory limit" in done.render(60), done.render(60)
+        assert done.limit_note and "memory bound" in done.render(60), done.render(60)
 
 
 def test_the_host_layout_is_not_shown_inside(tmp_path):

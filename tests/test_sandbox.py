@@ -474,6 +474,27 @@ def test_the_oom_killer_takes_a_sandbox_first_and_it_cannot_change_that() -> Non
     assert open("/proc/self/oom_score_adj").read().strip() != "1000"  # the host's own processes keep theirs
 
 
+def test_without_a_memory_cgroup_the_watch_stops_a_sandbox_past_its_bound(monkeypatch) -> None:
+    """A host that lets SEIS make no memory cgroup (the GPU hosts): two processes, each within its RLIMIT_AS, hold
+    more than the sandbox's bound together; the memory watch kills the sandbox and says so."""
+    import seis.sandbox.process as process
+    monkeypatch.setattr(process.MemoryCage, "create", classmethod(lambda cls, name, limit: None))
+    policy = SandboxPolicy(binds=(), env=allowed_env(), limits=Limits(sandbox_memory_bytes=700 * 2**20))
+    hog = ("import os, time\n"
+           "os.fork()\n"                                   # two processes, 500 MiB each, touched
+           "x = bytearray(500 * 2**20); x[::4096] = b'a' * len(x[::4096])\n"
+           "time.sleep(20)\nprint('SURVIVED', flush=True)\n")
+    box = SandboxedProcess([sys.executable, "-c", hog], policy, stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    proc = box.start()
+    try:
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        box.kill()
+    assert box.cage is None and b"SURVIVED" not in out and time.monotonic() - t0 < 15
+    assert "past the sandbox's bound of 0.7 GiB: the watch killed it" in (box.memory_bound_reached() or "")
+
+
 def test_engine_sees_its_tree_and_model_read_only(tmp_path: Path) -> None:
     from seis.models import resolve_model
     model = resolve_model("tiny-qwen3")

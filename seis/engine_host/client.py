@@ -209,16 +209,10 @@ class EngineProcess:
     def _exited(self, message: str, code: int | None) -> EngineExited:
         now = cgroup.host_oom_kills()
         host_oom = None if now is None or self._oom_kills_at_start is None else now > self._oom_kills_at_start
-        killed_at_bound = self.box.oom_kills() if self.box is not None else 0
-        return EngineExited(f"{message}{self._watch_note()}{self._bound_note(killed_at_bound)}{self._stderr_tail()}",
+        bound = self.box.memory_bound_reached() if self.box is not None else None
+        return EngineExited(f"{message}{self._watch_note()}{f' ({bound})' if bound else ''}{self._stderr_tail()}",
                             code, host_oom, watch_killed=self.watch is not None and self.watch.exceeded is not None,
-                            bound_oom=killed_at_bound > 0)
-
-    def _bound_note(self, killed: int) -> str:
-        if not killed:
-            return ""
-        return (f" (its sandbox reached its memory bound, {self.policy.limits.sandbox_memory_bytes / 2**30:.1f} GiB "
-                f"for its processes, /tmp and /dev/shm together: the kernel killed {killed} process(es) in it)")
+                            bound_oom=bound is not None)
 
     def _watch_note(self) -> str:
         return f" ({self.watch.exceeded})" if self.watch is not None and self.watch.exceeded else ""

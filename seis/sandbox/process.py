@@ -24,6 +24,7 @@ from pathlib import Path
 
 from . import bwrap
 from .cgroup import MemoryCage
+from .memory_watch import MemoryWatch
 from .policy import MAX_DEPTH, SAFE_PATH, SandboxPolicy
 
 UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), never a real account
@@ -262,6 +263,7 @@ class SandboxedProcess:
         self._lease: _UidLease | None = None
         self.cage: MemoryCage | None = None   # the memory cgroup bounding the whole sandbox, when there is one
         self._oom_kills = 0
+        self._memory_watch: MemoryWatch | None = None   # the same bound where no cgroup could be made
 
     @property
     def description(self) -> str:
@@ -328,6 +330,8 @@ class SandboxedProcess:
             self.kill()  # whatever bwrap got to start before it failed (or was killed)
             raise SandboxError(f"the sandbox did not start (bwrap exit {self.proc.returncode}); "
                                f"see the process's stderr") from None
+        if self.cage is None and self.policy.limits.sandbox_memory_bytes is not None:
+            self._memory_watch = MemoryWatch(self.members, self.kill, self.policy.limits.sandbox_memory_bytes)
         return self.proc
 
     # --- the process tree ---------------------------------------------------------------------------------------
@@ -384,6 +388,8 @@ class SandboxedProcess:
         """End the whole tree; raises SandboxError if any process of it is still there after timeout_s. Once only:
         a later call (or one from another thread meanwhile) does nothing, for by then the uid, the pids and the
         namespace may be another sandbox's."""
+        if self._memory_watch is not None:  # before the lock: the watch may be waiting for it, in its own kill()
+            self._memory_watch.stop()
         with self._kill_lock:
             if self.proc is None or self._ended:
                 return
@@ -426,6 +432,15 @@ class SandboxedProcess:
         """Processes of this sandbox the kernel killed at its memory bound (0 without a memory cgroup); after
         kill(), what the cgroup counted before it was removed."""
         return self.cage.oom_kills() if self.cage is not None else self._oom_kills
+
+    def memory_bound_reached(self) -> str | None:
+        """How the sandbox was stopped at its whole-sandbox memory bound (Limits.sandbox_memory_bytes): by the
+        kernel in its memory cgroup, or by the memory watch where there is none. None: it was not."""
+        if killed := self.oom_kills():
+            bound = self.policy.limits.sandbox_memory_bytes
+            return (f"the sandbox reached its memory bound ({bound / 2**30:.1f} GiB for its processes, /tmp and "
+                    f"/dev/shm together): the kernel killed {killed} process(es) in it")
+        return self._memory_watch.exceeded if self._memory_watch is not None else None
 
     def _release(self) -> None:
         if self._init_fd is not None:

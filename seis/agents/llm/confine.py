@@ -195,10 +195,7 @@ def run_confined(argv: list[str], policy: SandboxPolicy, timeout_s: float, *, st
         box.kill()  # the whole tree, whether the command returned or not
     except SandboxError as e:
         error = str(e)
-    oom = box.oom_kills()
-    limit_note = (f"the sandbox reached its memory limit ({policy.limits.sandbox_memory_bytes / 2**30:.1f} GiB for "
-                   f"its processes, /tmp and /dev/shm together): the kernel killed {oom} process(es)") if oom else None
-    limit_note = watch.exceeded or limit_note
+    limit_note = watch.exceeded or box.memory_bound_reached()
     for r in readers:
         r.thread.join(timeout=2.0)  # every writer is dead: EOF follows at once (never wait on a survivor)
     out, cut = readers[0].result()
