@@ -141,7 +141,7 @@ def _isolation_record(config: GateConfig, iso: Isolation) -> IsolationRecord:
     c = config.isolation
     return IsolationRecord(sandbox=iso.sandbox, visible_paths=list(VISIBLE), memory_limit=iso.memory_limit,
                            memory_limit_bytes=iso.memory_limit_bytes,
-                           sandbox_memory_bytes=iso.sandbox_memory_bytes if iso.caged else None,
+                           sandbox_memory_bytes=iso.sandbox_memory_bytes,
                            offline_env=dict(OFFLINE_ENV),
                            env_keys=iso.env_keys, build_timeout_s=c.build_timeout_s,
                            call_timeout_s=c.call_timeout_s, gate_timeout_s=c.gate_timeout_s)

@@ -30,8 +30,7 @@ class Isolation:
     env: dict[str, str] = field(default_factory=dict)  # over the sandbox's allow-listed environment
     memory_limit: str = "none"        # the memory bounds below, in words
     memory_limit_bytes: int | None = None    # RLIMIT_AS of each engine process (CPU only)
-    sandbox_memory_bytes: int | None = None  # asked of each engine sandbox as a whole (seis.sandbox.Limits)
-    caged: bool = False               # whether a memory cgroup holds each sandbox to it (else RLIMIT_AS, CPU only)
+    sandbox_memory_bytes: int | None = None  # each engine sandbox as a whole (a memory cgroup, else the watch)
 
     @property
     def env_keys(self) -> list[str]:
@@ -39,9 +38,10 @@ class Isolation:
 
 
 def memory_limits(device_type: str, cfg: IsolationConfig) -> tuple[str, int | None, int]:
-    """(the bounds in words, RLIMIT_AS per process or None, the whole sandbox's bound). With a memory cgroup the
-    sandbox's bound holds on CPU and GPU alike; without one it falls back to RLIMIT_AS per process on CPU (what
-    the sandbox applies, seis.sandbox.process), and to nothing on CUDA, whose address space reservation is huge."""
+    """(the bounds in words, RLIMIT_AS per process or None, the whole sandbox's bound). The sandbox's bound holds
+    on CPU and GPU alike, through a memory cgroup or, where the host allows none, the memory watch
+    (seis.sandbox.memory_watch); without a cgroup a CPU sandbox's processes also get it as RLIMIT_AS (what
+    seis.sandbox.process applies). CUDA gets no RLIMIT_AS: its address space reservation is huge."""
     sandbox = int(cfg.sandbox_memory_gb * 2**30) if cfg.sandbox_memory_gb else engine_sandbox_memory_bytes()
     per_process = None
     if cfg.memory_limit_gb is not None and device_type == "cpu":
@@ -49,14 +49,12 @@ def memory_limits(device_type: str, cfg: IsolationConfig) -> tuple[str, int | No
         hard = resource.getrlimit(resource.RLIMIT_AS)[1]
         if hard != resource.RLIM_INFINITY:
             per_process = min(per_process, hard)
-    if can_cage():
-        words = f"memory cgroup {sandbox / 2**30:g} GiB per engine sandbox"
-        return words + (f"; RLIMIT_AS {per_process / 2**30:g} GiB per process" if per_process else ""), \
-            per_process, sandbox
-    if device_type == "cpu":
+    caged = can_cage()
+    if not caged and device_type == "cpu":
         per_process = min(per_process or sandbox, sandbox)
-        return f"RLIMIT_AS {per_process / 2**30:g} GiB per process (no memory cgroup here)", per_process, sandbox
-    return "none (no memory cgroup here, and CUDA reserves too much address space for RLIMIT_AS)", None, sandbox
+    how = "memory cgroup" if caged else "memory watch (no memory cgroup here)"
+    words = f"{how} {sandbox / 2**30:.1f} GiB per engine sandbox"
+    return words + (f"; RLIMIT_AS {per_process / 2**30:.1f} GiB per process" if per_process else ""), per_process, sandbox
 
 
 def make_isolation(device_type: str, cfg: IsolationConfig) -> Isolation:
@@ -71,7 +69,7 @@ def make_isolation(device_type: str, cfg: IsolationConfig) -> Isolation:
         env = {"OMP_NUM_THREADS": str(cfg.cpu_threads), "MKL_NUM_THREADS": str(cfg.cpu_threads)}
     return Isolation(sandbox=f"{version}; unprivileged user, no capabilities, no_new_privs, own PID/mount/IPC/"
                              f"UTS/network namespaces", env=env, memory_limit=memory, memory_limit_bytes=limit,
-                     sandbox_memory_bytes=sandbox_limit, caged=can_cage())
+                     sandbox_memory_bytes=sandbox_limit)
 
 
 __all__ = ["Isolation", "OFFLINE_ENV", "VISIBLE", "make_isolation", "memory_limits"]

@@ -88,7 +88,7 @@ class IsolationRecord(_Model):
     visible_paths: list[str]        # everything an engine process could see
     memory_limit: str
     memory_limit_bytes: int | None          # RLIMIT_AS of each engine process (CPU)
-    sandbox_memory_bytes: int | None = None  # each engine sandbox's host memory as a whole (a memory cgroup; None: none)
+    sandbox_memory_bytes: int | None = None  # each engine sandbox's host memory as a whole (memory_limit says how)
     offline_env: dict[str, str]
     env_keys: list[str]             # names (not values) of the variables the engine processes received
     frozen_while_timed: bool = True  # the other engines' sandboxes were stopped while one was timed
