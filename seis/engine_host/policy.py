@@ -20,10 +20,10 @@ ENGINE_WRITTEN_BYTES, ENGINE_WRITTEN_ENTRIES = 8 * 2**30, 100_000
 
 
 def engine_sandbox_memory_bytes() -> int:
-    """Host memory one engine sandbox may hold at once, its processes and the pages of its RAM-backed /tmp and
-    /dev/shm together (GPU memory is not host memory), where the host lets SEIS make a memory cgroup: half the
-    host, at least 8 GiB. Room for a JIT compile of many jobs in one engine; past it the kernel kills inside that
-    sandbox, and what a gate's engines hold together is the OOM killer's to bound (sandboxes go first)."""
+    """Host memory one engine sandbox may hold at once (GPU memory is not host memory): half the host, at least
+    8 GiB. A memory cgroup counts its processes and its RAM-backed /tmp and /dev/shm; where the host lets SEIS make
+    none, the memory watch counts its processes. Room for a JIT compile of many jobs in one engine; past it the
+    sandbox is killed, and what a gate's engines hold together is the OOM killer's to bound (sandboxes go first)."""
     from ..sandbox.cgroup import host_memory_bytes
     return max(8 * 2**30, host_memory_bytes() // 2)
 

@@ -49,8 +49,8 @@ class MemoryWatch:
                     pass
                 return
 
-    def stop(self) -> None:
-        """Stop looking; returns once it has (at once when called from its own kill)."""
+    def stop(self, wait: bool = True) -> None:
+        """Stop looking; with `wait`, return once it has (at once when called from its own kill)."""
         self._stop.set()
-        if self._thread is not threading.current_thread():
+        if wait and self._thread is not threading.current_thread():
             self._thread.join()

@@ -330,8 +330,9 @@ class SandboxedProcess:
             self.kill()  # whatever bwrap got to start before it failed (or was killed)
             raise SandboxError(f"the sandbox did not start (bwrap exit {self.proc.returncode}); "
                                f"see the process's stderr") from None
-        if self.cage is None and self.policy.limits.sandbox_memory_bytes is not None:
-            self._memory_watch = MemoryWatch(self.members, self.kill, self.policy.limits.sandbox_memory_bytes)
+        with self._kill_lock:  # not for a sandbox an interrupt killed meanwhile
+            if not self._ended and self.cage is None and self.policy.limits.sandbox_memory_bytes is not None:
+                self._memory_watch = MemoryWatch(self.members, self.kill, self.policy.limits.sandbox_memory_bytes)
         return self.proc
 
     # --- the process tree ---------------------------------------------------------------------------------------
@@ -443,6 +444,8 @@ class SandboxedProcess:
         return self._memory_watch.exceeded if self._memory_watch is not None else None
 
     def _release(self) -> None:
+        if self._memory_watch is not None:  # no wait: it may be in its own kill(), waiting for this one to end
+            self._memory_watch.stop(wait=False)
         if self._init_fd is not None:
             os.close(self._init_fd)
             self._init_fd = None
