@@ -162,28 +162,43 @@ def _processes_of(run: Path) -> list[int]:
     return found
 
 
-def _engines_started_by(pid: int) -> list[int]:
-    """The engine sandboxes that process `pid` started and that still run: its children running the engine host's
-    worker (a gate's engines, between their start and the gate's end)."""
-    found = []
+def _engines_under(pid: int) -> list[int]:
+    """Processes under `pid`, at any depth, that run the engine host's worker: a gate's engine sandboxes (their
+    launchers, their init and the worker itself)."""
+    parents, engine = {}, set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == pid and b"/seis-host/worker.py" in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if b"/seis-host/worker.py" in (entry / "cmdline").read_bytes():
+                engine.add(int(entry.name))
         except (OSError, IndexError, ValueError):
             continue
-    return found
+
+    def under(p: int) -> bool:
+        for _ in range(64):
+            p = parents.get(p, 0)
+            if p == pid:
+                return True
+            if p <= 1:
+                return False
+        return False
+    return [p for p in engine if under(p)]
 
 
-def _wait_for_gate(proc: subprocess.Popen, session_dir: Path, timeout_s: float = 240) -> None:
-    """Until the session's agent has finished and its gate's engines run: a signal sent now lands in the gate."""
-    deadline = time.monotonic() + timeout_s
-    while not (session_dir / "agent.json").is_file() or not _engines_started_by(proc.pid):
+def _hold_the_gate(proc: subprocess.Popen, session_dir: Path, timeout_s: float = 240) -> None:
+    """Until the session's agent has finished and its gate's engines run, then stop them (SIGSTOP): the gate
+    cannot end before whatever the caller does next, however late this machine lets it come."""
+    outcome, deadline = session_dir / "outcome.json", time.monotonic() + timeout_s
+    while True:
         assert proc.poll() is None, proc.stdout.read()
-        assert not (session_dir / "outcome.json").exists(), "the gate ended before its engines were seen"
+        assert not outcome.exists(), "the gate ended before its engines were seen"
+        if (session_dir / "agent.json").is_file() and (engines := _engines_under(proc.pid)):
+            for pid in engines:
+                os.kill(pid, signal.SIGSTOP)
+            assert not outcome.exists(), "the gate ended before its engines were stopped"
+            return
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
@@ -195,7 +210,7 @@ def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared
     proc = _evolve("--protocol", "chain", "--chains", "1", "--sessions", "2", "--model", "tiny-qwen3", "--device",
                    "cpu", "--gate", "smoke", "--out", str(run), "--store", str(tmp_path / "store"))
     s1 = run / "chains" / "c0" / "001"
-    _wait_for_gate(proc, s1)
+    _hold_the_gate(proc, s1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     status = json.loads((run / "status.json").read_text())
@@ -226,7 +241,7 @@ def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, prepared_dir):
     """SIGINT to the run's process group (Ctrl-C in a terminal), or SIGTERM to its process (a supervisor), while a
-    smoke gate holds the GPU slot (while its engines run, as in the killed run above): the run ends within
+    smoke gate holds the GPU slot (its engines held stopped, as in the killed run above): the run ends within
     seconds with exit code 130 and the resume command, its engines and Prefect server are gone, the interrupted
     session left no outcome, and --resume then finishes the run (checked after the Ctrl-C)."""
     run = tmp_path / "run"
@@ -234,7 +249,7 @@ def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, 
                    "cpu", "--gate", "smoke", "--out", str(run), "--store", str(tmp_path / "store"),
                    preexec_fn=_sigint_default)
     s0 = run / "chains" / "c0" / "000"
-    _wait_for_gate(proc, s0)
+    _hold_the_gate(proc, s0)
     assert _processes_of(run), "the run's processes should be visible while it runs"
     t0 = time.monotonic()
     if how == "ctrl-c":
