@@ -495,6 +495,32 @@ def test_without_a_memory_cgroup_the_watch_stops_a_sandbox_past_its_bound(monkey
     assert "past the sandbox's bound of 0.7 GiB: the watch killed it" in (box.memory_bound_reached() or "")
 
 
+def test_without_a_memory_cgroup_memory_no_process_maps_is_caught_by_the_hosts_floor(monkeypatch) -> None:
+    """The same host: memory written into a memfd and never mapped is no process's (PSS does not see it, nor does
+    RLIMIT_AS), so the watch also reads the host's available memory. Here the floor sits 512 MiB under what the
+    host has now, and the sandbox takes 3 GiB that way: it is killed, and the note says why."""
+    import seis.sandbox.memory_watch as memory_watch
+    import seis.sandbox.process as process
+    monkeypatch.setattr(process.MemoryCage, "create", classmethod(lambda cls, name, limit: None))
+    floor = memory_watch.host_available_bytes() - 512 * 2**20
+    monkeypatch.setattr(memory_watch, "memory_floor_bytes", lambda: floor)
+    monkeypatch.setattr(memory_watch, "FLOOR_DROP_MARGIN", 256 * 2**20)
+    policy = SandboxPolicy(binds=(), env=allowed_env(), limits=Limits(sandbox_memory_bytes=64 * 2**30))
+    hog = ("import os, time\n"
+           "fd = os.memfd_create('hidden')\n"
+           "for _ in range(48):\n"
+           "    os.write(fd, b'\\1' * 2**26)\n"
+           "time.sleep(20)\nprint('SURVIVED', flush=True)\n")
+    box = SandboxedProcess([sys.executable, "-c", hog], policy, stderr=subprocess.DEVNULL)
+    proc = box.start()
+    try:
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        box.kill()
+    assert b"SURVIVED" not in out
+    assert "the host's available memory fell under" in (box.memory_bound_reached() or "")
+
+
 def test_engine_sees_its_tree_and_model_read_only(tmp_path: Path) -> None:
     from seis.models import resolve_model
     model = resolve_model("tiny-qwen3")
