@@ -229,6 +229,7 @@ def evolve(
     from flows.runtime import apply
     apply()  # Prefect's settings, before Prefect is imported
     from flows.seis_flow import seis as seis_flow
+    _stacks_on_sigusr1()
     previous = _stop_engines_on_interrupt()
     try:
         state = seis_flow(**({"resume": str(resume)} if resume is not None else {"config": config}),
@@ -293,6 +294,13 @@ def _prefect_api(run_dir: Path) -> None:
     os.environ["PREFECT_API_URL"], os.environ["PREFECT_HOME"] = server.url, str(home)
     from tasks.gpu import OWN_SERVER_ENV
     os.environ[OWN_SERVER_ENV] = server.url  # the GPU slot's leases belong to this run's database, not to a port
+
+
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack to stderr: for a run that seems stuck (where it waits)."""
+    import faulthandler
+    import signal
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _stop_engines_on_interrupt() -> dict:

@@ -237,6 +237,19 @@ def test_a_killed_run_resumes_with_every_session_exactly_once(tmp_path, prepared
     assert not run_scratch_path(run).exists()
 
 
+def _output_or_stacks(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The run's output once it ends; a run still there after timeout_s fails the test with every thread's stack
+    (`seis evolve` prints them on SIGUSR1), then is killed."""
+    try:
+        return proc.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        out = proc.communicate()[0]
+        pytest.fail(f"the run was still there {timeout_s:g} s after the signal; its threads then:\n{out[-12000:]}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, prepared_dir):
@@ -256,7 +269,7 @@ def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, 
         os.killpg(proc.pid, signal.SIGINT)
     else:
         os.kill(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
+    out = _output_or_stacks(proc, timeout_s=120)
     stopped_s = time.monotonic() - t0
     assert proc.returncode == 130, out
     assert f"seis evolve --resume {run}" in out
@@ -275,6 +288,23 @@ def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, 
     assert resumed.returncode == 0, out
     assert json.loads((run / "status.json").read_text())["state"] == "complete"
     assert list(pd.read_parquet(run / "summary.parquet").session) == [0]
+
+
+def test_evolve_prints_every_threads_stack_on_sigusr1_and_goes_on():
+    """What the stuck-run diagnosis above relies on: after `seis evolve`'s set-up, SIGUSR1 prints the stack of
+    every thread (a waiting one included) to stderr, and the process carries on."""
+    code = (
+        "import os, signal, threading, time\n"
+        "from seis.cli import _stacks_on_sigusr1\n"
+        "_stacks_on_sigusr1()\n"
+        "def parked_helper_thread(): time.sleep(30)\n"
+        "threading.Thread(target=parked_helper_thread, daemon=True).start()\n"
+        "time.sleep(0.2)\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "print('carried on')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "carried on", done.stderr
+    assert "parked_helper_thread" in done.stderr and "most recent call first" in done.stderr, done.stderr
 
 
 def test_a_verdict_that_comes_back_after_an_interrupt_is_not_recorded(harness, tmp_path, monkeypatch):
