@@ -12,30 +12,42 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Variables that locate Python packages and devices the way the operator set them up. Nothing else passes:
-# no *_API_KEY, *_TOKEN, proxies, PYTHONSTARTUP, HOME or anything naming the caller's files.
-ENV_KEEP = frozenset({"LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CPATH", "TRITON_LIBCUDA_PATH"})
-ENV_KEEP_PREFIXES = ("LC_", "CUDA_VISIBLE", "CUDA_DEVICE", "NVIDIA_", "NCCL_", "NVSHMEM_", "TORCH_CUDA_ARCH",
-                     "OMP_", "MKL_", "OPENBLAS_", "TORCH_SYMM")
+# Variables that locate Python packages and devices the way the operator set them up, by exact name: nothing else
+# passes, and no prefix admits a whole family (NVIDIA_APIKEY, NCCL_IB_PASSWD). No *_API_KEY, *_TOKEN, proxies,
+# PYTHONSTARTUP, HOME or anything naming the caller's files.
+ENV_KEEP = frozenset({
+    # language and time
+    "LANG", "LANGUAGE", "TZ", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_TIME", "LC_COLLATE", "LC_MONETARY",
+    "LC_MESSAGES", "LC_PAPER", "LC_NAME", "LC_ADDRESS", "LC_TELEPHONE", "LC_MEASUREMENT", "LC_IDENTIFICATION",
+    # where CUDA, its headers and libraries are, and what to compile for
+    "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CPATH", "TRITON_LIBCUDA_PATH", "TORCH_CUDA_ARCH_LIST",
+    # which devices, in which order, and how the driver runs them
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING",
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+    # the host's interconnect, as the operator set collectives up for it (NVLink multicast off, say)
+    "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE",
+    "NCCL_CUMEM_ENABLE", "NCCL_SOCKET_IFNAME", "NVSHMEM_DISABLE_NVLS", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    # CPU threads
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+})
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-# Names of keys, tokens and passwords. Nothing so named passes, whatever prefix it has (NVIDIA_API_KEY is
-# NVIDIA's hosted-model key, not a device setting); seis.agents.llm.secrets looks for their values everywhere else.
-SECRET_NAME = re.compile(r"(API_KEY|AUTH_TOKEN|ACCESS_TOKEN|SECRET|PASSWORD|CREDENTIAL|_TOKEN$|_KEY$)",
-                         re.IGNORECASE)
+# Names of keys, tokens and passwords. Their values are secrets: no kept variable may hold one (NCCL_DEBUG set to a
+# key), and seis.agents.llm.secrets looks for them everywhere else.
+SECRET_NAME = re.compile(r"(API_?KEY|AUTH_TOKEN|ACCESS_TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|_TOKEN$|"
+                         r"_KEY$|_AUTH$|_PAT$)", re.IGNORECASE)
 MIN_SECRET_LEN = 8     # shorter values ("1", "true", "none") are no secret: they would match ordinary text
 
 
 def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment reduced to the allow-list, plus the offline switches. A key-named variable never
-    passes, nor an allow-listed one that holds a key's value (NCCL_X=$OPENAI_API_KEY)."""
+    """The caller's environment reduced to the allow-list, plus the offline switches. An allow-listed variable
+    that holds a key's value (NCCL_DEBUG=$OPENAI_API_KEY) does not pass either."""
     environ = os.environ if environ is None else environ
     secrets = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LEN}
-    kept = {k: v for k, v in environ.items() if (k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES))
-            and not SECRET_NAME.search(k) and v not in secrets}
+    kept = {k: v for k, v in environ.items() if k in ENV_KEEP and v not in secrets}
     return {**kept, **OFFLINE_ENV}
 
 
