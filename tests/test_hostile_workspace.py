@@ -153,12 +153,12 @@ def test_a_sparse_flood_is_refused_before_any_content_scan(tmp_path, monkeypatch
         with open(junk / f"f{i}", "wb") as f:
             f.truncate(SPARSE)
     (junk / "leak.py").write_text(f"k = {KEY!r}\n")
-    real_scan = agent_mod.find_secrets
+    real_scan = agent_mod.scan_secrets
 
     def scan(tree, secrets=None):  # the flood must be gone before any content scan starts
         assert not junk.exists(), "the secret scan was handed the sparse flood"
         return real_scan(tree, secrets)
-    monkeypatch.setattr(agent_mod, "find_secrets", scan)
+    monkeypatch.setattr(agent_mod, "scan_secrets", scan)
     t0 = time.monotonic()
     rejected = finish_workspace(ws, Redactor(secrets=[KEY]))
     assert time.monotonic() - t0 < 10

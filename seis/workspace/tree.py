@@ -29,8 +29,11 @@ IGNORED_SUFFIXES = (".pyc", ".pyo")
 SESSION_DIRS = frozenset({"reports", "peers"})  # top level only: session material, not engine code
 # Version-control and DVC files (and any `*.dvc`): stored inside a DVC repository they would steer DVC and git
 # there, so no engine tree may hold one. (.git is never part of a tree: it is ignored, never copied or hashed.)
+# Nor a repository of any kind, whose configuration names commands that its tool runs (git's core.fsmonitor,
+# Mercurial's hooks) as whoever runs it there, root included: other tools' metadata directories, and HEAD,
+# without which git takes no directory for a bare repository.
 CONTROL_NAMES = frozenset({".dvc", ".dvcignore", "dvc.yaml", "dvc.lock", ".gitignore", ".gitattributes",
-                           ".gitmodules"})
+                           ".gitmodules", "HEAD", ".hg", ".jj", ".svn", ".bzr", "_darcs", ".fslckout", "_FOSSIL_"})
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in place of a file must not block the host

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ...workspace import TreeError, Workspace
+from ...workspace.tree import remove_tree
 from ..types import AgentResult, SessionContext
 from .budget import Meter
 from .confine import AgentSandbox, sanitize_workspace
@@ -26,7 +27,7 @@ from .pricing import price_for
 from .prompt import Prompt, load_template, render_prompt
 from .redact import Redactor
 from .result import SessionEnd, build_result
-from .secrets import find_secrets
+from .secrets import SecretSet, scan_secrets
 from .settings import LLMSettings
 from .tools import DevBenchmark, ToolOutcome, Toolbox
 from .transcript import Transcript
@@ -61,18 +62,27 @@ def tree_changed(workspace: Workspace) -> bool:
 
 
 def finish_workspace(workspace: Workspace, redactor: Redactor) -> str | None:
-    """After the session (nothing of the agent alive): make the tree safe for the host (sanitize_workspace)
-    and blank every file that holds a key. Returns why the session is rejected, or None."""
+    """After the session (nothing of the agent alive): make the tree safe for the host (sanitize_workspace),
+    blank every file that holds a key and remove every file or directory whose name holds one. Returns why the
+    session is rejected, or None."""
     problems = sanitize_workspace(workspace.root)
-    leaks = find_secrets(workspace.root, redactor.secrets)
-    for line in leaks:
-        rel = line.split(": ", 1)[0]
-        target = workspace.root / rel
-        if target.is_file() and not target.is_symlink():
+    leaks = scan_secrets(workspace.root, redactor.secrets)
+    names = SecretSet(redactor.secrets)
+    for leak in leaks:
+        parts = leak.path.split("/")
+        named = next((i for i, part in enumerate(parts) if names.find(part.encode("utf-8", "surrogateescape"))),
+                     None)
+        target = workspace.root.joinpath(*parts[: len(parts) if named is None else named + 1])
+        if named is not None and target.is_dir() and not target.is_symlink():
+            remove_tree(target)
+        elif named is not None:
+            target.unlink(missing_ok=True)
+        elif target.is_file() and not target.is_symlink():
             target.write_text("# removed by SEIS: this file held an API key\n")
     if not problems and not leaks:
         return None
-    parts = problems + [f"{line.split(': ', 1)[0]}: held an API key (file blanked)" for line in leaks]
+    parts = problems + [f"{redactor.text(leak.path)}: held an API key (file blanked, or removed where its name "
+                        f"held it)" for leak in leaks]
     shown = "; ".join(parts[:8]) + (f"; and {len(parts) - 8} more" if len(parts) > 8 else "")
     return f"workspace rejected: {shown}"
 

@@ -216,9 +216,11 @@ def sanitize_workspace(root: Path) -> list[str]:
     runs). Removed: every symlink, FIFO, socket or device node, hard-linked files, files larger than
     MAX_FILE_BYTES, directories more than MAX_DEPTH levels deep (no walk of an engine tree goes there), names
     that are not UTF-8 or hold control characters, and version-control or DVC files (they would steer the
-    store's repository). Every entry left gets, through a descriptor opened without following links, this
-    process's owner (as root) and a fixed safe mode (`safe_mode`: never setuid, setgid, sticky or writable by
-    others; never a mode read before the chown).
+    store's repository, or make a repository whose configured commands run as whoever runs its tool there).
+    An agent's own `.git` goes too, at any depth, without rejecting the session: no tree holds it. Every entry
+    left gets, through a descriptor opened without following links, this process's owner (as root), a fixed
+    safe mode (`safe_mode`: never setuid, setgid, sticky or writable by others; never a mode read before the
+    chown) and no extended attributes (a default ACL would hand files created there later other modes).
 
     A workspace whose files hold more than MAX_TREE_BYTES (apparent size: sparse files use no disk but every
     reader reads their full length) or that holds more than MAX_TREE_ENTRIES entries is refused as a whole: the
@@ -252,10 +254,7 @@ def _sanitize_walk(root_fd: int, problems: list[str]) -> str | None:
 
     def remove(dir_fd: int, name: str, rel: str, why: str, is_dir: bool = False) -> None:
         problems.append(f"{_printable(rel)}{'/' if is_dir else ''}: {why} (removed)")
-        try:
-            remove_tree(_under(dir_fd, name)) if is_dir else os.unlink(name, dir_fd=dir_fd)
-        except OSError:
-            pass
+        _discard(dir_fd, name, is_dir)
 
     stack = [(root_fd, "", _listing(root_fd) or [])]  # (fd, prefix, names left): the directories on the path
     try:
@@ -278,8 +277,11 @@ def _sanitize_walk(root_fd: int, problems: list[str]) -> str | None:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except OSError:
                 continue
+            if name == ".git":  # an agent's own repository: never part of the tree, and its config runs commands
+                _discard(dir_fd, name, stat.S_ISDIR(st.st_mode))
+                continue
             why = _bad_name(name) or (f"a {_kind_of_control(name)} file, which an engine tree may not hold"
-                                      if is_control_file(name) and name != ".git" else None)
+                                      if is_control_file(name) else None)
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(name, dir_fd=dir_fd)
                 remove(dir_fd, name, rel, f"a symlink to {_printable(target)}; the engine tree holds plain files only")
@@ -327,6 +329,13 @@ def _sanitize_walk(root_fd: int, problems: list[str]) -> str | None:
                 os.close(fd)
 
 
+def _discard(dir_fd: int, name: str, is_dir: bool) -> None:
+    try:
+        remove_tree(_under(dir_fd, name)) if is_dir else os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
 def _listing(dir_fd: int) -> list[str] | None:
     """The names in a directory, in reverse sorted order (popped from the end: sorted order), or None."""
     try:
@@ -357,7 +366,8 @@ def _open_nofollow(dir_fd: int | None, name: str, directory: bool) -> int | None
 
 def _own_and_restrict(fd: int, is_dir: bool) -> None:
     """Owner: this process (as root: the sandbox uid owned what it wrote). Mode: safe_mode, set after the chown
-    and from nothing but the executable bit, so no setuid bit or world-writable mode survives either way."""
+    and from nothing but the executable bit, so no setuid bit or world-writable mode survives either way. No
+    extended attributes."""
     st = os.fstat(fd)
     try:
         if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0):
@@ -365,6 +375,15 @@ def _own_and_restrict(fd: int, is_dir: bool) -> None:
         os.fchmod(fd, safe_mode(st.st_mode, is_dir))
     except OSError:
         pass
+    try:
+        attrs = os.listxattr(fd)  # ACLs (access and default), capabilities, user attributes
+    except OSError:
+        attrs = []  # a file system without extended attributes has none to keep
+    for attr in attrs:
+        try:
+            os.removexattr(fd, attr)
+        except OSError:
+            pass  # a security module's label, say: not the agent's to set
 
 
 def _kind_of_control(name: str) -> str:

@@ -21,6 +21,7 @@ import re
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from ...sandbox.policy import MAX_DEPTH, MIN_SECRET_LEN, SECRET_NAME
 from ...sandbox.walk import TooDeep, Unreadable, walk
@@ -150,10 +151,25 @@ def _shapes(data: bytes) -> bool:
     return any(any(c.isdigit() for c in m.group()) for p in KEY_PATTERNS for m in p.finditer(text))
 
 
+class Finding(NamedTuple):
+    """A file that holds a secret, or that could not be checked: its path relative to the tree (the secret may be
+    in the name) and why (which secret and in what form, never the value)."""
+    path: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.why}"
+
+
 def find_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list[str]:
-    """Every file under `tree` that holds a secret: one line per file, "<relative path>: <which secret and in
-    what form>" (never the value). `secrets`: the values to look for; None means the key-like variables of this
-    process's environment (secret_values()). Key-shaped strings (sk-ant-..., sk-..., ghp_...) count as well.
+    """scan_secrets' findings as lines, "<relative path>: <why>"."""
+    return [str(f) for f in scan_secrets(tree, secrets)]
+
+
+def scan_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list[Finding]:
+    """Every file under `tree` that holds a secret, in its content or its path. `secrets`: the values to look
+    for; None means the key-like variables of this process's environment (secret_values()). Key-shaped strings
+    (sk-ant-..., sk-..., ghp_...) count as well.
 
     Symlinks are not followed (each is reported, since a link can reveal nothing by itself but may point at a
     file holding one), files that cannot be read or are larger than MAX_SCAN_BYTES are reported as such, and so
@@ -162,47 +178,47 @@ def find_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list
     empty list: nothing found."""
     root = Path(tree)
     matcher = SecretSet(secret_values() if secrets is None else secrets)
-    found: list[str] = []
+    found: list[Finding] = []
     budget = MAX_SCAN_TOTAL_BYTES
     for item in walk(root):
         if isinstance(item, Unreadable):
-            found.append(f"{item.path.relative_to(root).as_posix()}: unreadable directory "
-                         f"({item.error.strerror or item.error})")
+            found.append(Finding(item.path.relative_to(root).as_posix(),
+                                 f"unreadable directory ({item.error.strerror or item.error})"))
             continue
         rel = item.path.relative_to(root).as_posix()
         if isinstance(item, TooDeep):
-            found.append(f"{rel}: more than {MAX_DEPTH} directories deep (not scanned)")
+            found.append(Finding(rel, f"more than {MAX_DEPTH} directories deep (not scanned)"))
             continue
         entry = item.dir_entry
         try:
             if entry.is_symlink():
                 link = os.readlink(entry.path)
                 why = matcher.find(link.encode("utf-8", "surrogateescape"))
-                found.append(f"{rel}: symlink (not scanned)" + (f"; its target names {why}" if why else ""))
+                found.append(Finding(rel, "symlink (not scanned)" + (f"; its target names {why}" if why else "")))
                 continue
             if entry.is_dir(follow_symlinks=False):
                 continue  # walk() enters it
             if not entry.is_file(follow_symlinks=False):
-                found.append(f"{rel}: not a regular file (not scanned)")
+                found.append(Finding(rel, "not a regular file (not scanned)"))
                 continue
             size = entry.stat(follow_symlinks=False).st_size
             if size > MAX_SCAN_BYTES:
-                found.append(f"{rel}: {size} bytes, too large to scan")
+                found.append(Finding(rel, f"{size} bytes, too large to scan"))
                 continue
             if size > budget:
-                found.append(f"{rel}: not scanned, the tree holds more than "
-                             f"{MAX_SCAN_TOTAL_BYTES // 2**20} MiB to scan")
+                found.append(Finding(rel, f"not scanned, the tree holds more than "
+                                          f"{MAX_SCAN_TOTAL_BYTES // 2**20} MiB to scan"))
                 continue
             data = _read_nofollow(item.path, size)
         except OSError as e:
-            found.append(f"{rel}: unreadable ({e.strerror or e})")
+            found.append(Finding(rel, f"unreadable ({e.strerror or e})"))
             continue
         budget -= len(data)
         why = matcher.find(data) or matcher.find(rel.encode("utf-8", "surrogateescape"))
         if why is None and _shapes(data):
             why = "a key-shaped string"
         if why:
-            found.append(f"{rel}: {why}")
+            found.append(Finding(rel, why))
     return found
 
 
