@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -457,6 +458,17 @@ def test_harness_children_get_no_keys(keys):
     t0 = time.monotonic()
     rc, out = run_tree(["bash", "-c", "sleep 60 & sleep 60"], 1)
     assert rc is None and time.monotonic() - t0 < 5
+
+
+def test_what_a_child_killed_at_its_limit_left_in_its_temporary_dir_goes_with_it(tmp_path, monkeypatch):
+    """A dev benchmark killed at its time limit never removes its own scratch (the engines' caches, up to the
+    sandbox's disk bound): each call would leave that much on the host's disk for good."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where this process's temporary dirs go
+    leave = ("import os, sys, tempfile, time; d = tempfile.mkdtemp(prefix='seis-devbench-'); "
+             "open(os.path.join(d, 'cache.bin'), 'wb').write(b'x' * 2**20); print(d, flush=True); time.sleep(60)")
+    rc, out = run_tree([sys.executable, "-c", leave], 3)
+    assert rc is None and out.strip(), out
+    assert not Path(out.strip()).exists() and list(tmp_path.iterdir()) == []
 
 
 def test_tool_arguments_match_their_schemas(tmp_path):

@@ -52,19 +52,23 @@ def harness_env(environ=None) -> dict[str, str]:
 def run_tree(argv: list[str], timeout_s: float, cwd: Path | None = None, env: dict | None = None,
              max_bytes: int = MAX_TABLE_BYTES, scope: ProcessScope | None = None) -> tuple[int | None, str]:
     """(exit code or None at the time limit, stdout capped) of argv; its process group is killed either way.
-    Started in `scope` (the session's), it is also killed when the scope closes."""
+    Started in `scope` (the session's), it is also killed when the scope closes. Its temporary files (TMPDIR,
+    where engines it builds keep their caches) go in a directory of this process's, removed once the group is
+    dead: a child killed at the limit cleans nothing up itself."""
     from .confine import _Capped
     scope = scope or ProcessScope()
-    proc = scope.popen(argv, cwd=cwd, env=harness_env() if env is None else env, stdin=subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    reader = _Capped(proc.stdout, max_bytes)
-    try:
-        rc: int | None = proc.wait(timeout=max(0.0, timeout_s))
-    except subprocess.TimeoutExpired:
-        rc = None
-    scope.done(proc)  # leftovers of the group, and the child at the limit
-    proc.wait()
-    reader.thread.join(timeout=5.0)
+    with scratch_dir("seis-child-") as tmp:
+        child_env = {**(harness_env() if env is None else env), "TMPDIR": str(tmp)}
+        proc = scope.popen(argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL)
+        reader = _Capped(proc.stdout, max_bytes)
+        try:
+            rc: int | None = proc.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            rc = None
+        scope.done(proc)  # leftovers of the group, and the child at the limit
+        proc.wait()
+        reader.thread.join(timeout=5.0)
     return rc, reader.result()[0].decode("utf-8", errors="replace")
 
 
