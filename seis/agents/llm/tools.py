@@ -4,18 +4,30 @@ executes calls inside the workspace. A wrong call is a ToolOutcome with is_error
 Arguments are checked against the declared schema before anything runs (a string where a list is declared is
 an error for the model, not a list of characters). The file tools run in SEIS's own process, on paths confined
 to the workspace; no agent process is alive between calls (every shell call's sandbox is killed when the call
-returns), so nothing can swap a path under them. They read files streamed and capped, and say so."""
+returns), so nothing can swap a path under them. They read files streamed and capped, and say so.
+
+The workspace is still hostile input to them (the agent's shell can leave a FIFO, a link or a huge file anywhere):
+every file is opened by descriptor without following a link or waiting on a FIFO and checked through that
+descriptor (_open_file), and the agent's search pattern runs in a child process that is killed at a time limit
+(_match), since a backtracking regex holds the GIL in C code where no timeout of this process can reach it."""
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
+import math
 import os
 import re
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from ...sandbox.walk import Entry, TooDeep, walk
 from ...workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES, MAX_DEPTH
@@ -32,6 +44,9 @@ MAX_SEARCH_BYTES = 64 * 2**20         # what one search reads in all
 MAX_LIST = 500
 MAX_VISIT = 20_000                    # entries one list_files or search looks at
 MAX_MATCHES = 200
+MAX_MATCH_CHARS = 300                 # of a matching line, in a search result
+SEARCH_TIMEOUT_S = 10.0               # wall clock of one search's matching (the child is killed after it)
+SEARCH_CHILD_MEMORY = 2**31           # address space of that child
 
 
 @dataclass(frozen=True)
@@ -205,17 +220,16 @@ class Toolbox:
 
     def _t_read_file(self, path: str, start_line: int | None = None, end_line: int | None = None) -> str:
         target = confine(self.root, path)
-        if not target.is_file():
-            raise ToolError(f"{path!r} is not a regular file")
         a = max(1, int(start_line or 1))
         b = None if end_line is None else int(end_line)
         if b is not None and b < a:
             raise ToolError(f"end_line {b} is before start_line {a}")
-        size = target.stat().st_size
+        fd, st = _open_file(target, path)
+        size = st.st_size
         kept: list[str] = []
         chars = read = n = 0
         cut = None
-        with open(target, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             while True:
                 if read >= MAX_READ_BYTES:
                     cut = f"stopped reading after {MAX_READ_BYTES // 2**20} MiB of a {size}-byte file"
@@ -243,64 +257,74 @@ class Toolbox:
         return head + "".join(kept) + (f"\n[... {cut}]" if cut else "")
 
     def _t_search(self, pattern: str, path: str = ".", glob: str | None = None) -> str:
-        try:
-            rx = re.compile(pattern)
-        except re.error as e:
-            raise ToolError(f"bad regex: {e}") from None
         _check_glob(glob)
-        base, real_root = confine(self.root, path), self.root.resolve()
-        hits: list[str] = []
+        base = confine(self.root, path)
+        limit = SEARCH_TIMEOUT_S
+        left = self._left()
+        if left is not None:
+            if left < 1:
+                raise ToolError("the session's time is spent")
+            limit = min(limit, left)
         notes: list[str] = []
-        files = [base] if base.is_file() else (
+        one_file = not stat.S_ISDIR(os.stat(base).st_mode)  # a FIFO or link there: refused by _open_file
+        files = [base] if one_file else (
             f for f in _files_under(self.root, base, notes)
             if not glob or _glob_match(PurePosixPath(f.relative_to(base).as_posix()), glob))
+        names: list[str] = []
         budget = MAX_SEARCH_BYTES
-        for f in files:
-            real = f.resolve()
-            if real_root not in real.parents or not real.is_file():
-                continue  # a link leading out of the workspace, a FIFO...: not searched
-            if budget <= 0:
-                notes.append(f"search stopped after reading {MAX_SEARCH_BYTES // 2**20} MiB; narrow path or glob")
-                break
-            try:
-                with open(real, "rb") as fh:
-                    data = fh.read(min(MAX_SEARCH_FILE_BYTES, budget) + 1)
-            except OSError:
-                continue  # unreadable
-            budget -= len(data)
-            if b"\0" in data[:8192]:
-                continue  # binary
-            if len(data) > MAX_SEARCH_FILE_BYTES:
-                data = data[:MAX_SEARCH_FILE_BYTES]
-                notes.append(f"{rel(self.root, f)}: only its first {MAX_SEARCH_FILE_BYTES // 2**20} MiB searched")
-            text = data.decode("utf-8", errors="replace")
-            for i, line in enumerate(text.splitlines(), 1):
-                if rx.search(line):
-                    hits.append(f"{rel(self.root, f)}:{i}: {line[:300]}")
-                    if len(hits) >= MAX_MATCHES:
-                        return "\n".join(hits + notes) + f"\n[... cut at {MAX_MATCHES} matches]"
-        return "\n".join(hits + [f"[{n}]" for n in notes]) or "no matches"
+        with tempfile.TemporaryFile() as payload:  # what the matcher reads: this process's file, not the agent's
+            payload.write(json.dumps([pattern, MAX_MATCHES, MAX_MATCH_CHARS]).encode() + b"\n")
+            for f in files:
+                if budget <= 0:
+                    notes.append(f"search stopped after reading {MAX_SEARCH_BYTES // 2**20} MiB; narrow path or glob")
+                    break
+                try:
+                    fd, _ = _open_file(f, rel(self.root, f))
+                    with os.fdopen(fd, "rb") as fh:
+                        data = fh.read(min(MAX_SEARCH_FILE_BYTES, budget) + 1)
+                except (ToolError, OSError):
+                    if one_file:
+                        raise
+                    continue  # unreadable, or a FIFO, link... in place of a file: not searched
+                budget -= len(data)
+                if b"\0" in data[:8192]:
+                    continue  # binary
+                if len(data) > MAX_SEARCH_FILE_BYTES:
+                    data = data[:MAX_SEARCH_FILE_BYTES]
+                    notes.append(f"{rel(self.root, f)}: only its first {MAX_SEARCH_FILE_BYTES // 2**20} MiB searched")
+                payload.write(struct.pack("<Q", len(data)) + data)
+                names.append(rel(self.root, f))
+            payload.seek(0)
+            hits, cut = _match(payload, limit)
+        out = [f"{names[i]}:{line}: {text}" for i, line, text in hits] + [f"[{n}]" for n in notes]
+        if cut:
+            out.append(f"[... cut at {MAX_MATCHES} matches]")
+        return "\n".join(out) or "no matches"
 
     def _t_edit_file(self, path: str, old_string: str, new_string: str) -> str:
         target = confine(self.root, path, write=True)
-        if not target.is_file():
-            raise ToolError(f"{path!r} is not a file (write_file creates files)")
-        if target.stat().st_size > MAX_EDIT_BYTES:
-            raise ToolError(f"{path!r} is larger than {MAX_EDIT_BYTES // 2**20} MiB; edit_file edits source files")
-        text = target.read_text(encoding="utf-8")
-        n = text.count(old_string) if old_string else 0
-        if n != 1:
-            raise ToolError(f"old_string must match exactly once in {path!r}; it matches {n} times"
-                            + ("" if n == 0 else " (add surrounding lines to make it unique)"))
-        target.write_text(text.replace(old_string, new_string, 1), encoding="utf-8")
+        fd, st = _open_file(target, path, os.O_RDWR)
+        with os.fdopen(fd, "r+", encoding="utf-8") as f:
+            if st.st_size > MAX_EDIT_BYTES:
+                raise ToolError(f"{path!r} is larger than {MAX_EDIT_BYTES // 2**20} MiB; edit_file edits source "
+                                "files")
+            text = f.read(MAX_EDIT_BYTES)
+            n = text.count(old_string) if old_string else 0
+            if n != 1:
+                raise ToolError(f"old_string must match exactly once in {path!r}; it matches {n} times"
+                                + ("" if n == 0 else " (add surrounding lines to make it unique)"))
+            f.seek(0)
+            f.truncate()
+            f.write(text.replace(old_string, new_string, 1))
         return f"edited {rel(self.root, target)}"
 
     def _t_write_file(self, path: str, content: str) -> str:
         target = confine(self.root, path, write=True)
-        if target.is_dir():
-            raise ToolError(f"{path!r} is a directory")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        fd, _ = _open_file(target, path, os.O_WRONLY | os.O_CREAT)
+        os.ftruncate(fd, 0)  # only now: O_TRUNC would act before the descriptor is checked
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content)
         return f"wrote {rel(self.root, target)} ({len(content)} characters)"
 
     def _t_run_shell(self, command: str, timeout_s: float | None = None) -> str:
@@ -335,6 +359,88 @@ class Toolbox:
         names = tuple(n for n in (_change_name(self.redact(c)) for c in changes or []) if n)
         return ToolOutcome("session finished", finish=FinishRequest(report, tuple(dict.fromkeys(names)),
                                                                     tuple(lessons or [])))
+
+
+def _open_file(path: Path, shown: str, flags: int = os.O_RDONLY) -> tuple[int, os.stat_result]:
+    """(descriptor, fstat) of the regular file at path (a confine()d path; O_CREAT in flags may create it). It is
+    opened without following a link (O_NOFOLLOW) or waiting for a FIFO's other end (O_NONBLOCK), and checked
+    through the descriptor; anything else is a ToolError for the model. lstat first, so that a device is never
+    opened at all; the fstat after the open is what decides."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise ToolError(f"{shown!r} does not exist") from None
+    else:
+        if not stat.S_ISREG(mode):
+            raise _not_regular(shown, mode)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # it became a link, FIFO or socket, directory
+            raise ToolError(f"{shown!r} is not a regular file; the file tools open regular files only") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _not_regular(shown, st.st_mode)
+    return fd, st
+
+
+def _not_regular(shown: str, mode: int) -> ToolError:
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
+    return ToolError(f"{shown!r} is {kind}, not a regular file; the file tools open regular files only")
+
+
+# The matching half of search, run by a fresh interpreter (-I -S: nothing of the environment, site or workspace is
+# imported). Input: a JSON line [pattern, max hits, max chars], then each file as an 8-byte length and its bytes.
+# Output: one JSON object. Its own CPU limit ends it even if the host died before it could kill it.
+_MATCHER = r"""
+import json, re, resource, struct, sys
+cpu_s, memory = int(sys.argv[1]), int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+src = sys.stdin.buffer
+pattern, max_hits, width = json.loads(src.readline())
+try:
+    rx = re.compile(pattern)
+except (re.error, RecursionError, OverflowError) as e:
+    sys.stdout.write(json.dumps({"error": f"bad regex: {e}"}))
+    sys.exit()
+hits, cut, i = [], False, 0
+while not cut and (head := src.read(8)):
+    data = src.read(struct.unpack("<Q", head)[0])
+    for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if rx.search(line):
+            hits.append((i, n, line[:width]))
+            if len(hits) >= max_hits:
+                cut = True
+                break
+    i += 1
+sys.stdout.write(json.dumps({"hits": hits, "cut": cut}))
+"""
+
+
+def _match(payload: IO[bytes], timeout_s: float) -> tuple[list[tuple[int, int, str]], bool]:
+    """(hits as (file index, line, text), whether cut at MAX_MATCHES) of the search payload, by _MATCHER. A child
+    process because Python's re cannot be interrupted: a catastrophic pattern would otherwise freeze this whole
+    process (every session's thread). The child runs no agent code and starts nothing, so killing it at the limit
+    (subprocess.run kills and reaps it) leaves nothing behind; its output is at most MAX_MATCHES short lines."""
+    cmd = [sys.executable, "-I", "-S", "-c", _MATCHER, str(math.ceil(timeout_s) + 1), str(SEARCH_CHILD_MEMORY)]
+    try:
+        done = subprocess.run(cmd, stdin=payload, capture_output=True, timeout=timeout_s, cwd="/", env={})
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"the search took longer than {timeout_s:g} s and was stopped; simplify the pattern "
+                        "(nested repetition such as (a+)+ can take exponential time) or narrow path/glob") from None
+    if done.returncode != 0:
+        why = (done.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise ToolError(f"the search failed ({why[:300]}); simplify the pattern or narrow path/glob")
+    out = json.loads(done.stdout)
+    if "error" in out:
+        raise ToolError(out["error"])
+    return [tuple(h) for h in out["hits"]], out["cut"]
 
 
 def _check_glob(glob: str | None) -> None:
