@@ -4,16 +4,19 @@ Run as root, bwrap builds the mount, PID, IPC, UTS and network namespaces with r
 `setpriv` (util-linux) becomes the sandbox's own unprivileged user with no capabilities, an empty bounding set
 and no_new_privs, and execs the command. Run as an ordinary user, bwrap makes a user namespace as well and drops
 every capability itself. Either way the process cannot unmount, remount or see anything the policy did not name.
+Every process inside runs under the seccomp filter of seccomp.py (bwrap installs it, with no_new_privs).
 """
 from __future__ import annotations
 
 import functools
 import os
+import platform
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from . import seccomp
 from .gpus import gpu_args
 from .policy import SandboxPolicy
 
@@ -35,7 +38,8 @@ INSTALL_HINT = "install the Debian/Ubuntu package `bubblewrap` (apt-get install 
 
 @functools.lru_cache(maxsize=1)
 def bwrap_version() -> str:
-    """'bubblewrap X.Y.Z' once it is known to start a sandbox here; SandboxUnavailable otherwise."""
+    """'bubblewrap X.Y.Z' once it is known to start a sandbox here, seccomp filter included; SandboxUnavailable
+    otherwise (never a sandbox without the filter)."""
     exe = shutil.which("bwrap")
     if exe is None:
         raise SandboxUnavailable(f"no `bwrap` on PATH: {INSTALL_HINT}")
@@ -43,15 +47,21 @@ def bwrap_version() -> str:
         raise SandboxUnavailable("no `setpriv` on PATH (util-linux): needed to drop root inside the sandbox")
     if shutil.which("prlimit") is None:
         raise SandboxUnavailable("no `prlimit` on PATH (util-linux): needed to set the sandbox's limits")
+    if not seccomp.supported():
+        raise SandboxUnavailable(f"the sandbox's seccomp filter is written for x86-64 only, not {platform.machine()}")
+    filter_fd = seccomp.program_fd()
     probe = [exe, *namespace_args(root=os.geteuid() == 0), *system_args(), "--proc", "/proc", "--dev", "/dev",
-             "--", *user_switch(61999), "/bin/true"]
+             "--seccomp", str(filter_fd), "--", *user_switch(61999), "/bin/true"]
     try:
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, pass_fds=(filter_fd,))
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SandboxUnavailable(f"bwrap did not start: {e}") from None
+    finally:
+        os.close(filter_fd)
     if done.returncode != 0:
-        raise SandboxUnavailable(f"bwrap cannot create its namespaces here: {done.stderr.strip()[:300]} "
-                                 f"(in a container, allow user namespaces or run it privileged)")
+        raise SandboxUnavailable(f"bwrap cannot create its namespaces or install its seccomp filter here: "
+                                 f"{done.stderr.strip()[:300]} (in a container, allow user namespaces and seccomp, "
+                                 f"or run it privileged)")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
     return version or "bubblewrap"
 
@@ -225,13 +235,16 @@ def _mounts(mounts: list[tuple[str, str, bool]]) -> list[str]:
 
 
 def command(policy: SandboxPolicy, argv: list[str], uid: int | None, info_fd: int,
-            forbidden: tuple[Path, ...]) -> list[str]:
-    """The full bwrap invocation running argv under policy (uid: the sandbox user, or None when unprivileged)."""
-    return ["bwrap", *options(policy, uid, info_fd, forbidden), "--", *user_switch(uid), *argv]
+            forbidden: tuple[Path, ...], seccomp_fd: int = 4) -> list[str]:
+    """The full bwrap invocation running argv under policy (uid: the sandbox user, or None when unprivileged), as
+    bwrap would be handed the descriptors info_fd and seccomp_fd."""
+    return ["bwrap", *options(policy, uid, info_fd, forbidden, seccomp_fd), "--", *user_switch(uid), *argv]
 
 
-def options(policy: SandboxPolicy, uid: int | None, info_fd: int, forbidden: tuple[Path, ...]) -> list[str]:
-    """bwrap's options for policy: namespaces, mounts (host paths), environment; not the command."""
+def options(policy: SandboxPolicy, uid: int | None, info_fd: int, forbidden: tuple[Path, ...],
+            seccomp_fd: int) -> list[str]:
+    """bwrap's options for policy: namespaces, mounts (host paths), environment, the seccomp filter read from
+    seccomp_fd (seccomp.program_fd()); not the command."""
     lim = policy.limits
     args = [*namespace_args(root=uid is not None, network=policy.network), *system_args(),
             *network_args(policy.network),
@@ -246,7 +259,7 @@ def options(policy: SandboxPolicy, uid: int | None, info_fd: int, forbidden: tup
     args += _mounts(mounts)
     for path in masked_files(forbidden):  # install records that name the checkout: shown empty
         args += ["--ro-bind", "/dev/null", path]
-    args += ["--chdir", policy.cwd, "--info-fd", str(info_fd), "--clearenv"]
+    args += ["--chdir", policy.cwd, "--info-fd", str(info_fd), "--seccomp", str(seccomp_fd), "--clearenv"]
     for key, value in sorted(policy.env.items()):
         args += ["--setenv", key, value]
     return args

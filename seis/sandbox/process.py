@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import bwrap
+from . import bwrap, seccomp
 from .cgroup import MemoryCage
 from .memory_watch import MemoryWatch
 from .policy import MAX_DEPTH, SAFE_PATH, SandboxPolicy
@@ -275,7 +275,7 @@ class SandboxedProcess:
         if _INTERRUPTED.is_set():
             raise SandboxError("this process is being interrupted: it starts no new sandbox")
         bwrap.bwrap_version()  # SandboxUnavailable with the install hint, before anything else
-        read_fd = write_fd = args_fd = None
+        read_fd = write_fd = args_fd = filter_fd = None
         try:  # from the lease on, whatever fails releases it (and the cgroup): a uid must never stay taken host-wide
             if os.geteuid() == 0:
                 self._lease = _UidLease()
@@ -297,14 +297,15 @@ class SandboxedProcess:
             read_fd, write_fd = os.pipe()
             # bwrap reads its options from a file descriptor, so its init (pid 1 inside, whose command line every
             # process of the sandbox can read) shows `bwrap --args N -- <command>`, not the host paths it binds
-            args_fd = _args_file(bwrap.options(policy, self.uid, write_fd, self.forbidden))
+            filter_fd = seccomp.program_fd()
+            args_fd = _args_file(bwrap.options(policy, self.uid, write_fd, self.forbidden, filter_fd))
             launch = [*(self.cage.enter_argv() if self.cage else []), *_oom_first_argv(),
                       *_limit_args(policy, self.cage is not None),
                       "bwrap", "--args", str(args_fd), "--", *bwrap.user_switch(self.uid), *self.argv]
             self.proc = subprocess.Popen(launch, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE,
                                          stderr=self.stderr if self.stderr is not None else subprocess.DEVNULL,
-                                         pass_fds=(write_fd, args_fd), start_new_session=True,
+                                         pass_fds=(write_fd, args_fd, filter_fd), start_new_session=True,
                                          # bwrap's own init (pid 1 inside) keeps the environment it started
                                          # with: give it nothing of ours (no keys in /proc/1/environ)
                                          env={"PATH": os.environ.get("PATH") or SAFE_PATH})
@@ -316,8 +317,9 @@ class SandboxedProcess:
         finally:
             if write_fd is not None:
                 os.close(write_fd)
-            if args_fd is not None:
-                os.close(args_fd)
+            for fd in (args_fd, filter_fd):
+                if fd is not None:
+                    os.close(fd)
         with _STARTED_LOCK:  # from here on, an interrupt's kill_all() ends it even while it is still starting
             _STARTED.add(self)
         with os.fdopen(read_fd, "rb") as info:

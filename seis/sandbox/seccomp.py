@@ -1,0 +1,88 @@
+"""The seccomp filter every sandbox runs under (bwrap --seccomp): system calls a coding agent or a CUDA engine never
+needs and that either keep state outside the sandbox or open a large kernel attack surface fail with EPERM.
+
+- add_key, request_key, keyctl: the kernel keyrings outlive the sandbox and are shared by every sandbox that later
+  gets the same uid (a channel from one sandbox to the next).
+- bpf, perf_event_open, userfaultfd, io_uring_*: large kernel surfaces, the usual first step of a kernel exploit
+  (io_uring requests are not even seen by seccomp).
+- name_to_handle_at, open_by_handle_at: open a file by handle, bypassing the mount view (a classic container escape).
+- module and kexec loading, reboot, swap, acct, quotactl, syslog, lookup_dcookie: host administration.
+- personality: anything beyond Docker's harmless set (ADDR_NO_RANDOMIZE would switch ASLR off, READ_IMPLIES_EXEC
+  make data executable).
+Namespace creation (unshare, clone, setns) and mounting inside a user namespace stay allowed: an agent may run its
+own nested sandbox (bwrap runs inside one). EPERM rather than a kill, so programs that probe degrade. The numbers
+hold for x86-64 only: an x32 call fails with EPERM too, and a 32-bit one (int 0x80, another table) ends the process.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import struct
+
+# x86-64 numbers, from /usr/include/x86_64-linux-gnu/asm/unistd_64.h (Linux UAPI; kernel
+# arch/x86/entry/syscalls/syscall_64.tbl).
+DENIED: dict[str, int] = {
+    "add_key": 248, "request_key": 249, "keyctl": 250,
+    "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "name_to_handle_at": 303, "open_by_handle_at": 304,
+    "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+    "acct": 163, "swapon": 167, "swapoff": 168, "reboot": 169, "syslog": 103,
+    "quotactl": 179, "quotactl_fd": 443, "lookup_dcookie": 212,
+}
+PERSONALITY = 135
+# personality(2) values Docker's default profile allows: PER_LINUX, PER_LINUX_32BIT, UNAME26, both, and the query.
+PERSONAS = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
+
+AUDIT_ARCH_X86_64 = 0xC000003E       # EM_X86_64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE (linux/audit.h)
+X32_SYSCALL_BIT = 0x40000000
+# struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (little-endian: args[0]'s low word)
+NR_AT, ARCH_AT, ARG0_AT = 0, 4, 16
+# classic BPF (linux/bpf_common.h) and seccomp's verdicts (linux/seccomp.h)
+LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
+RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
+RET_EPERM = RET_ERRNO | errno.EPERM
+
+Insn = tuple[int, int, int, int]     # struct sock_filter: code, jt, jf, k
+
+
+def supported() -> bool:
+    return platform.machine() == "x86_64"
+
+
+def instructions() -> list[Insn]:
+    """The filter: wrong arch → kill; x32 or a denied number → EPERM; personality outside PERSONAS → EPERM; else
+    allow. Jumps name the two verdicts at the end ("eperm", "allow"), resolved to relative offsets below."""
+    body: list[tuple[int, int | str, int | str, int]] = [
+        (LD_W_ABS, 0, 0, ARCH_AT),
+        (JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        (RET_K, 0, 0, RET_KILL_PROCESS),
+        (LD_W_ABS, 0, 0, NR_AT),
+        (JGE_K, "eperm", 0, X32_SYSCALL_BIT),
+        *[(JEQ_K, "eperm", 0, nr) for nr in sorted(DENIED.values())],
+        (JEQ_K, 0, "allow", PERSONALITY),
+        (LD_W_ABS, 0, 0, ARG0_AT),   # the kernel takes personality's argument as an unsigned int
+        *[(JEQ_K, "allow", 0, p) for p in PERSONAS],
+    ]
+    labels = {"eperm": len(body), "allow": len(body) + 1}
+
+    def offset(pc: int, to: int | str) -> int:
+        return to if isinstance(to, int) else labels[to] - pc - 1
+
+    return [*((code, offset(pc, jt), offset(pc, jf), k) for pc, (code, jt, jf, k) in enumerate(body)),
+            (RET_K, 0, 0, RET_EPERM), (RET_K, 0, 0, RET_ALLOW)]
+
+
+def program() -> bytes:
+    """The filter as bwrap reads it: an array of struct sock_filter in native byte order."""
+    return b"".join(struct.pack("=HBBI", *insn) for insn in instructions())
+
+
+def program_fd() -> int:
+    """A descriptor holding program(), read from its start, for `bwrap --seccomp FD` (the caller passes and closes it;
+    MFD_CLOEXEC: only a child that is handed it through pass_fds gets it)."""
+    fd = os.memfd_create("seis-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, program())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

@@ -1,0 +1,196 @@
+"""The sandbox's seccomp filter: the program itself, checked by a small interpreter (no bubblewrap needed), then the
+calls it denies tried from inside a real sandbox, where each must fail with EPERM while ordinary work goes on.
+
+The calls inside are made with arguments the kernel itself would answer with success or another errno (EFAULT,
+EINVAL, EBADF, ENOSYS) from an unprivileged process: EPERM there can only come from the filter.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from seis.sandbox import SandboxedProcess, SandboxPolicy, SandboxUnavailable, allowed_env, bwrap, seccomp
+
+
+# --- the program, interpreted ---------------------------------------------------------------------------------------
+def verdict(nr: int, arch: int = seccomp.AUDIT_ARCH_X86_64, arg0: int = 0) -> int:
+    """What the filter returns for a call: runs the handful of classic-BPF instructions it is made of."""
+    data = struct.pack("=IIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)   # struct seccomp_data
+    raw = seccomp.program()
+    prog = [struct.unpack_from("=HBBI", raw, i) for i in range(0, len(raw), 8)]
+    assert len(raw) % 8 == 0 and len(prog) <= 4096
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = prog[pc]
+        if code == seccomp.LD_W_ABS:
+            acc = struct.unpack_from("=I", data, k)[0]
+        elif code in (seccomp.JEQ_K, seccomp.JGE_K):
+            taken = acc == k if code == seccomp.JEQ_K else acc >= k
+            pc += jt if taken else jf
+        elif code == seccomp.RET_K:
+            return k
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x}")
+        pc += 1
+
+
+def test_the_program_denies_what_it_names_and_allows_the_rest() -> None:
+    eperm = seccomp.RET_ERRNO | errno.EPERM
+    assert {"add_key", "request_key", "keyctl", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
+            "open_by_handle_at", "init_module", "kexec_load"} <= seccomp.DENIED.keys()
+    for name, nr in seccomp.DENIED.items():
+        assert verdict(nr) == eperm, name
+    allowed = {"read": 0, "write": 1, "open": 2, "mmap": 9, "getpid": 39, "clone": 56, "execve": 59, "ptrace": 101,
+               "unshare": 272, "setns": 308, "rseq": 334, "clone3": 435, "mount": 165}
+    for name, nr in allowed.items():
+        assert verdict(nr) == seccomp.RET_ALLOW, name
+    assert verdict(0x40000000 | 39) == eperm and verdict(0xFFFFFFFF) == eperm   # x32 ABI, and beyond
+    assert verdict(39, arch=0x40000003) == seccomp.RET_KILL_PROCESS               # i386 (int 0x80)
+    assert verdict(248, arch=0xC00000B7) == seccomp.RET_KILL_PROCESS              # aarch64's numbering
+    for persona in (0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF):
+        assert verdict(135, arg0=persona) == seccomp.RET_ALLOW, hex(persona)
+    for persona in (0x0040000, 0x0400000, 0x1):   # ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, another ABI
+        assert verdict(135, arg0=persona) == eperm, hex(persona)
+
+
+def test_the_syscall_numbers_match_the_hosts_header() -> None:
+    header = "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"
+    try:
+        text = open(header).read()
+    except OSError:
+        pytest.skip(f"no {header} here")
+    for name, nr in {**seccomp.DENIED, "personality": seccomp.PERSONALITY}.items():
+        assert f"#define __NR_{name} {nr}\n" in text, name
+
+
+def test_every_sandbox_command_line_names_the_filter() -> None:
+    argv = bwrap.command(SandboxPolicy(binds=(), env={}), ["true"], uid=None, info_fd=3, forbidden=(), seccomp_fd=7)
+    assert argv[argv.index("--seccomp") + 1] == "7" and argv.index("--seccomp") < argv.index("--")
+
+
+@pytest.mark.parametrize("host", ["aarch64", "a filter the kernel refuses"])
+def test_no_sandbox_starts_where_the_filter_cannot_hold(monkeypatch, host: str) -> None:
+    """Rather than a sandbox without the filter: SandboxUnavailable, with the reason."""
+    if host == "aarch64":
+        monkeypatch.setattr(seccomp, "supported", lambda: False)
+    else:
+        monkeypatch.setattr(seccomp, "program", lambda: b"\x06\x00\x00\x00")   # half an instruction
+    bwrap.bwrap_version.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match="seccomp"):
+            bwrap.bwrap_version()
+    finally:
+        bwrap.bwrap_version.cache_clear()
+
+
+# --- inside a sandbox -----------------------------------------------------------------------------------------------
+def run_inside(code: str, timeout: float = 60) -> dict:
+    """Run Python `code` (printing one JSON object last) in a fresh sandbox; returns that object."""
+    box = SandboxedProcess([sys.executable, "-c", textwrap.dedent(code)], SandboxPolicy(binds=(), env=allowed_env()),
+                           stderr=subprocess.PIPE)
+    proc = box.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        box.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+CALL = textwrap.dedent("""
+    import ctypes, json, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    def call(nr, *args):
+        ctypes.set_errno(0)
+        r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+        return [r, ctypes.get_errno() if r == -1 else 0]
+""")
+
+
+def test_the_filter_is_installed_in_every_process() -> None:
+    seen = run_inside("""
+        import json, subprocess
+        mode = lambda text: [l.split()[1] for l in text.splitlines() if l.startswith('Seccomp:')][0]
+        child = subprocess.run(['/bin/sh', '-c', 'cat /proc/self/status'], capture_output=True, text=True).stdout
+        print(json.dumps({'self': mode(open('/proc/self/status').read()), 'child': mode(child)}))
+    """)
+    assert seen == {"self": "2", "child": "2"}   # SECCOMP_MODE_FILTER, inherited by what it starts
+
+
+def test_a_key_stashed_in_the_user_keyring_cannot_reach_a_later_sandbox() -> None:
+    """Keyrings belong to the uid, and uids are reused from sandbox to sandbox: a key one leaves, the next could read
+    (unfiltered, the second sandbox reads back the first one's secret)."""
+    stash = run_inside(CALL + textwrap.dedent("""
+        key = call(248, b"user", b"seis-stash", b"held-out prompt", 15, -4)   # add_key(..., KEY_SPEC_USER_KEYRING)
+        if key[0] > 0:
+            call(250, 15, key[0], 60)   # KEYCTL_SET_TIMEOUT: should the filter be missing, the key goes in a minute
+        print(json.dumps({'add_key': key, 'session': call(248, b"user", b"seis", b"x", 1, -3)}))
+    """))
+    found = run_inside(CALL + textwrap.dedent("""
+        key = call(250, 10, -4, b"user", b"seis-stash", 0)   # KEYCTL_SEARCH the user keyring
+        data = ctypes.create_string_buffer(64)
+        if key[0] > 0:
+            call(250, 11, key[0], data, 64)                  # KEYCTL_READ
+        print(json.dumps({'data': data.value.decode(), 'search': key, 'keyring': call(250, 0, -4, 0),
+                          'request_key': call(249, b"user", b"seis-stash", None, 0)}))
+    """))
+    assert found["data"] == ""
+    assert stash == {"add_key": [-1, errno.EPERM], "session": [-1, errno.EPERM]}
+    assert found == {"data": "", "search": [-1, errno.EPERM], "keyring": [-1, errno.EPERM],
+                     "request_key": [-1, errno.EPERM]}
+
+
+def test_kernel_surfaces_an_agent_never_needs_are_denied() -> None:
+    seen = run_inside(CALL + textwrap.dedent("""
+        print(json.dumps({
+            'io_uring_setup': call(425, 1, None),           # EFAULT unfiltered
+            'io_uring_enter': call(426, -1, 0, 0, 0, None, 0),   # EBADF
+            'bpf': call(321, 0xFFFF, None, 0),               # EINVAL
+            'perf_event_open': call(298, None, 0, -1, -1, 0),    # EFAULT
+            'userfaultfd': call(323, 1),                    # UFFD_USER_MODE_ONLY: a descriptor unfiltered
+            'open_by_handle_at': call(304, 1000, None, 0),  # EFAULT
+            'name_to_handle_at': call(303, 1000, b"x", None, None, 0),   # EBADF
+            'x32 getpid': call(0x40000000 | 39),            # ENOSYS (or a pid) unfiltered
+            'personality(ADDR_NO_RANDOMIZE)': call(135, 0x0040000),
+        }))
+    """))
+    assert seen == {name: [-1, errno.EPERM] for name in seen}
+
+
+def test_a_32_bit_system_call_kills_the_process() -> None:
+    """int 0x80 reaches the i386 table, where the numbers above mean other calls: the filter ends the process."""
+    seen = run_inside("""
+        import json, subprocess, sys, textwrap
+        code = textwrap.dedent('''
+            import ctypes, mmap
+            page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+            page.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))   # mov eax, 20 (i386 getpid); int 0x80; ret
+            print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))())
+        ''')
+        done = subprocess.run([sys.executable, '-c', code], capture_output=True)
+        print(json.dumps({'rc': done.returncode, 'out': done.stdout.decode()}))
+    """)
+    assert seen["rc"] == -signal.SIGSYS, seen
+
+
+def test_ordinary_work_goes_on_under_the_filter() -> None:
+    seen = run_inside(CALL + textwrap.dedent("""
+        import subprocess, threading
+        open('/tmp/f', 'w').write('x' * 100)
+        threads = [threading.Thread(target=lambda: None) for _ in range(8)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        sh = subprocess.run(['/bin/sh', '-c', 'echo hi'], capture_output=True, text=True).stdout
+        cc = subprocess.run(['gcc', '-v'], capture_output=True, text=True).returncode
+        print(json.dumps({'read': len(open('/tmp/f').read()), 'sh': sh, 'gcc': cc,
+                          'personality query': call(135, 0xFFFFFFFF)[1]}))
+    """))
+    assert seen == {"read": 100, "sh": "hi\n", "gcc": 0, "personality query": 0}
