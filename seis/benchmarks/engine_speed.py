@@ -3,7 +3,9 @@
     python -m seis.benchmarks.engine_speed --model qwen3-0.6b-random [--prompt-len 100] [--new-tokens 256]
                                            [--engine-dir DIR] [--skip-hf]
 
-With --engine-dir the engine there replaces E0 (rows named after its directory). With --new-tokens 1 a request is
+With --engine-dir the engine there replaces E0 (rows named after its directory); it is imported into this
+process, outside any sandbox, so give it trees you trust (the gate, post-validation and `versus` sandbox
+agent-written ones). With --new-tokens 1 a request is
 its prefill alone, so tok/s is 1 / time to first token.
 
 Each repetition times every system once, interleaved, so drift hits all of them alike. Throughput counts the

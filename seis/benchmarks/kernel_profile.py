@@ -3,7 +3,9 @@ engine and a batch of requests (a step makes one token for each).
 
     python -m seis.benchmarks.kernel_profile [--engine-dir DIR | --stack a,b,c] [--batch 1] [--json F]
 
-The engine runs in this process (the profiler needs it); run one process per engine to compare engines. Timed:
+The engine runs in this process (the profiler needs it), outside any sandbox, with this user's rights: give it
+trees you trust (an agent's snapshot is agent-written code; the gate, post-validation and `versus` sandbox
+those). Run one process per engine to compare engines. Timed:
 --batch requests, each a 100-token prompt and N forced new tokens, after a warm-up batch; the prefill's kernels
 are counted too (they are part of the call), so use enough new tokens for the per-step figures to mean decode.
 Besides summed kernel time it reports the request's wall time and the time the GPU ran any kernel (the union of
