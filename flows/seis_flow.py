@@ -19,12 +19,12 @@ module only dispatches them, as Prefect tasks (TaskSessions).
 """
 from __future__ import annotations
 
+import threading
 from typing import Annotated, Optional
 
 from prefect import flow, tags, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import wait
 from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
@@ -207,7 +207,7 @@ class TaskSessions:
     def pin_vanilla(self) -> str:
         self.vanilla_future = snapshot_vanilla_task.submit(quote(self.config), quote(self.run))
         self.latest = {c: self.vanilla_future for c in self.config.chain_ids()}
-        return self.vanilla_future.result()
+        return _result(self.vanilla_future)
 
     def recorded(self, chain: str, session: int):
         session_dir = self.run.session_dir(chain, session)
@@ -219,7 +219,7 @@ class TaskSessions:
         with tags(*run_tags(session=session), "fan-in"):
             self.fan_ins[session] = fan_in_task.submit(quote(self.config), quote(states), session,
                                                        wait_for=list(self.latest.values()))
-        return self.fan_ins[session].result()
+        return _result(self.fan_ins[session])
 
     def run_sessions(self, session: int, chains: list[str], vanilla: str, states: dict[str, ChainState],
                      peers) -> dict[str, SessionResult]:
@@ -238,7 +238,7 @@ class TaskSessions:
                     spec = session_spec(config, run, vanilla, states, peers, session, chain)
                     futures[chain] = session_task.submit(quote(config), quote(spec), quote(config.store),
                                                          wait_for=after)
-        wait(list(futures.values()))
+        _wait_all(list(futures.values()))
         self.latest.update(futures)
         results = {}
         for chain, future in futures.items():
@@ -253,6 +253,38 @@ class TaskSessions:
         _recorded_artifact(outcome, self.run)
         print(f"[{outcome.chain} s{outcome.session}] recorded by an earlier attempt: {outcome.verdict} "
               f"({outcome.snapshot})")
+
+
+WAKE_S = 1.0  # how often the flow's main thread, waiting for its task runs, comes back to run signal handlers
+
+
+def _wait_all(futures: list) -> None:
+    """Until every future is done, the main thread waking every WAKE_S. Python runs a signal's handler (Ctrl-C,
+    SIGTERM: kill the engines, end the run) only in the main thread, between bytecodes; when the kernel hands the
+    signal to another of the process's threads, a main thread blocked in an untimed wait never gets to it, and
+    the run waits for its gates to end on their own."""
+    if not futures:
+        return
+    left, lock, all_done = len(futures), threading.Lock(), threading.Event()
+
+    def one_done(_future) -> None:
+        nonlocal left
+        with lock:
+            left -= 1
+            if left == 0:
+                all_done.set()
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    while not all_done.wait(WAKE_S):
+        pass
+    for future in futures:
+        future.wait()  # done: records its final state at once
+
+
+def _result(future):
+    _wait_all([future])
+    return future.result()
 
 
 def _recorded_artifact(outcome, run: RunDir) -> None:

@@ -269,3 +269,41 @@ def test_a_cancelled_flow_stops_its_gate_and_serves_no_queued_gate(home):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+WAIT_PROBE = """
+import signal, sys, threading, time
+from flows import seis_flow
+
+class Stop(Exception):
+    pass
+
+def on_signal(signum, frame):
+    raise Stop
+
+class NeverDone:  # a task run that does not end (a gate whose engines hang)
+    def add_done_callback(self, fn):
+        pass
+    def wait(self, timeout=None):
+        threading.Event().wait(timeout)
+
+signal.signal(signal.SIGTERM, on_signal)
+helper = threading.Thread(target=lambda: (time.sleep(0.5), signal.pthread_kill(threading.get_ident(), signal.SIGTERM)))
+helper.start()
+t0 = time.monotonic()
+try:
+    seis_flow._wait_all([NeverDone()])
+except Stop:
+    print(f"stopped after {time.monotonic() - t0:.1f} s")
+"""
+
+
+def test_a_signal_another_thread_received_still_stops_the_flows_wait():
+    """The kernel may hand a process's SIGINT or SIGTERM to any of its threads; Python runs the handler (which
+    kills the engines and ends the run) in the main thread only, once it runs again. The flow's wait for its
+    task runs wakes for it: an untimed wait there kept a Ctrl-C'd run waiting for its gate to end on its own."""
+    from flows.seis_flow import WAKE_S
+    done = subprocess.run([sys.executable, "-c", WAIT_PROBE], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert "stopped after" in done.stdout, done.stdout + done.stderr  # an untimed wait: still waiting at 120 s
+    assert float(done.stdout.split()[2]) < 0.5 + 2 * WAKE_S
