@@ -229,3 +229,29 @@ def test_the_crash_and_cancel_hook_removes_a_hostile_scratch_dir_and_still_marks
     assert not os.path.lexists(scratch)
     assert read_status(run_dir).state == "cancelled" and reg.run("fr-1") is None
     _untouched(host_file)
+
+
+@as_root
+def test_an_interrupt_while_a_sandbox_starts_ends_it_and_gives_its_uid_back(monkeypatch):
+    """An interrupt (Ctrl-C, SIGTERM, a cancelled run) between start()'s first look at the flag and the moment
+    the sandbox is listed for kill_all(): that kill_all() never saw it, so start() looks again once it is listed.
+    Before, the sandbox started and ran on with nothing left to kill it."""
+    import subprocess
+    import threading
+
+    from seis.sandbox.policy import SandboxPolicy
+    interrupted = threading.Event()
+    monkeypatch.setattr(P, "_INTERRUPTED", interrupted)
+    real_popen = subprocess.Popen
+
+    def popen_then_interrupt(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        interrupted.set()
+        P.kill_all()  # the interrupt's own kill: this sandbox is not listed yet
+        return proc
+    monkeypatch.setattr(P.subprocess, "Popen", popen_then_interrupt)
+    before = _leases_held()
+    box = P.SandboxedProcess(["sleep", "600"], SandboxPolicy((), {}))
+    with pytest.raises(P.SandboxError, match="interrupted"):
+        box.start()
+    assert box.proc.poll() is not None and box.members() == [] and _leases_held() == before

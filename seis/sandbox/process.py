@@ -322,6 +322,10 @@ class SandboxedProcess:
                     os.close(fd)
         with _STARTED_LOCK:  # from here on, an interrupt's kill_all() ends it even while it is still starting
             _STARTED.add(self)
+        if _INTERRUPTED.is_set():  # one that came since the check above: its kill_all() may not have listed this one
+            os.close(read_fd)
+            self.kill()
+            raise SandboxError("this process is being interrupted: it starts no new sandbox")
         with os.fdopen(read_fd, "rb") as info:
             raw = info.read()  # bwrap writes {"child-pid": N} once the namespaces exist, then closes it
         try:
