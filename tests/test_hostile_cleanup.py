@@ -255,3 +255,25 @@ def test_an_interrupt_while_a_sandbox_starts_ends_it_and_gives_its_uid_back(monk
     with pytest.raises(P.SandboxError, match="interrupted"):
         box.start()
     assert box.proc.poll() is not None and box.members() == [] and _leases_held() == before
+
+
+def test_a_launcher_stopped_before_it_became_bwrap_counts_as_its_sandboxs_leftover():
+    """A sandbox's launcher passes through shells (memory cgroup, OOM score) and prlimit before it execs bwrap.
+    Stopped or stuck there when its owner died, it was no leftover of its uid (only a process named bwrap was):
+    it lived on, and held the uid's memory cgroup, so every later sandbox of that uid started without one."""
+    import signal
+    import subprocess
+    import time
+    uid = P.UID_BASE + P.UID_COUNT - 1
+    launcher = subprocess.Popen(["sh", "-c", 'kill -STOP $$; exec "$@"', "sh", "prlimit", "--core=0:0", "--",
+                                 "bwrap", "--args", "9", "--", "setpriv", f"--reuid={uid}", "--", "true"],
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while b"T" not in P._states(launcher.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert launcher.pid in P._leftovers({uid})
+        assert launcher.pid not in P._leftovers({uid - 1})
+    finally:
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()

@@ -154,8 +154,10 @@ class _UidLease:
 
 
 def _sandbox_uid(pid: int) -> int | None:
-    """The sandbox uid a process belongs to: its own uid if it is one, else the uid a bwrap command switches to
-    (the launcher and the namespace's init of that sandbox run as root)."""
+    """The sandbox uid a process belongs to: its own uid if it is one, else the uid the bwrap command on its
+    command line switches to. The launcher runs as root through its stages (the shells that enter the memory
+    cgroup and set the OOM score, prlimit, then bwrap) and so does the namespace's init; a launcher stopped or
+    stuck before it became bwrap is the sandbox's as much as bwrap is."""
     uid = _uid_of(pid)
     if uid is not None and UID_BASE <= uid < UID_BASE + UID_COUNT:
         return uid
@@ -164,7 +166,7 @@ def _sandbox_uid(pid: int) -> int | None:
             argv = f.read().split(b"\0")
     except OSError:
         return None
-    if os.path.basename(argv[0]) != b"bwrap":
+    if b"bwrap" not in (os.path.basename(a) for a in argv):
         return None
     for arg in argv:
         if arg.startswith(b"--reuid=") and arg[len(b"--reuid="):].isdigit():
