@@ -64,8 +64,12 @@ t0 = time.monotonic()
 out = box.call("search", {"pattern": pattern})
 elapsed = time.monotonic() - t0
 done.set()
-children = [p for p in os.listdir("/proc") if p.isdigit()
-            and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
+def parent_of(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+    except OSError:  # gone between the listing and the read: no child of ours
+        return None
+children = [p for p in os.listdir("/proc") if p.isdigit() and parent_of(p) == str(os.getpid())]
 print(json.dumps({"is_error": out.is_error, "text": out.text, "elapsed": elapsed, "ticks": ticks[0],
                   "children": children}))
 """
