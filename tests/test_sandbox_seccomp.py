@@ -7,16 +7,14 @@ EINVAL, EBADF, ENOSYS) from an unprivileged process: EPERM there can only come f
 from __future__ import annotations
 
 import errno
-import json
 import signal
 import struct
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from seis.sandbox import SandboxedProcess, SandboxPolicy, SandboxUnavailable, allowed_env, bwrap, seccomp
+from seis.sandbox import SandboxPolicy, SandboxUnavailable, allowed_env, bwrap, seccomp
+from test_sandbox import run_probe
 
 
 # --- the program, interpreted ---------------------------------------------------------------------------------------
@@ -91,17 +89,9 @@ def test_no_sandbox_starts_where_the_filter_cannot_hold(monkeypatch, host: str) 
 
 
 # --- inside a sandbox -----------------------------------------------------------------------------------------------
-def run_inside(code: str, timeout: float = 60) -> dict:
-    """Run Python `code` (printing one JSON object last) in a fresh sandbox; returns that object."""
-    box = SandboxedProcess([sys.executable, "-c", textwrap.dedent(code)], SandboxPolicy(binds=(), env=allowed_env()),
-                           stderr=subprocess.PIPE)
-    proc = box.start()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        box.kill()
-    assert proc.returncode == 0, err.decode()[-2000:]
-    return json.loads(out.decode().strip().splitlines()[-1])
+def run_inside(code: str) -> dict:
+    """Run Python `code` (printing one JSON object last) in a fresh sandbox with no binds; returns that object."""
+    return run_probe(code, SandboxPolicy(binds=(), env=allowed_env()))
 
 
 CALL = textwrap.dedent("""
