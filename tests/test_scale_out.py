@@ -4,6 +4,7 @@ tiny-qwen3 (offline agent, smoke gate) puts its sessions on both workers as `sei
 between them only through the remote, and the lineage is the one the in-process (dispatch=local) run has."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -437,6 +438,36 @@ def test_a_snapshot_ref_must_name_its_own_tree(tmp_path):
         b.import_ref(SnapshotRef(ref.id, lookalike, None))
     with pytest.raises(StoreError, match="missing"):       # a plain store cannot fetch what it never had
         b.fetch(ref.id)
+
+
+def test_a_snapshot_ref_cannot_steer_reads_writes_modes_or_dvc_outside_its_snapshot(tmp_path):
+    """A ref travels from a worker (or another store) as data: its manifest's paths are where `get` reads and
+    writes, its modes are what it sets, and its .dvc file is written into the store's DVC repository. None of
+    them may reach outside the snapshot, set a setuid bit, or give DVC another output."""
+    from seis.engine_import import ENGINE_TEMPLATE
+    from seis.store import SnapshotRef, StoreError
+    from seis.workspace.tree import copy_tree
+
+    engine = tmp_path / "engine"
+    copy_tree(ENGINE_TEMPLATE, engine)
+    a, b = SnapshotStore(tmp_path / "a", use_dvc=False), SnapshotStore(tmp_path / "b", use_dvc=False)
+    ref = a.export_ref(a.put(engine))
+    files = ref.manifest["files"]
+    for path in ("../../outside.py", "/etc/passwd", "engine/../../x", ".git/config", "engine//x.py",
+                 "engine/.dvc/config"):
+        forged = {**ref.manifest, "files": files + [{**files[0], "path": path}]}
+        with pytest.raises(StoreError, match="refused"):
+            b.import_ref(SnapshotRef(ref.id, forged, None))
+    for dvc_file in (f"outs:\n- path: ../{ref.id}\n", f"outs:\n- path: {ref.id}\ncmd: touch x\n",
+                     f"outs:\n- path: {ref.id}\n- path: other\n", "[unclosed"):
+        with pytest.raises(StoreError, match="refused"):
+            b.import_ref(SnapshotRef(ref.id, ref.manifest, dvc_file))
+    assert ref.id not in b
+    # a manifest with a setuid mode restores the file without it
+    setuid = {**ref.manifest, "files": [{**f, "mode": "0o4777"} for f in files]}
+    (a.root / f"{ref.id}.json").write_text(json.dumps({**setuid, "id": ref.id}))
+    out = a.get(ref.id, tmp_path / "restored")
+    assert all((out / f["path"]).stat().st_mode & 0o7777 == 0o755 for f in files)
 
 
 def test_workers_dispatch_without_a_server_is_refused_before_any_work(tmp_path):

@@ -10,7 +10,10 @@ snapshot is complete; a put that fails leaves no part of the snapshot behind (no
 
 A tree holding DVC or git control files (seis.workspace.tree.CONTROL_NAMES, *.dvc) is refused: stored inside the
 DVC repository they would steer DVC and git there (a `.dvcignore` of `*` makes `dvc add` track an empty directory; a `dvc.yaml`
-defines pipeline stages; a `.gitignore` can un-ignore the snapshot for git).
+defines pipeline stages; a `.gitignore` can un-ignore the snapshot for git). A snapshot ref from another store
+or a worker is data, checked like a tree: its manifest's paths stay inside the snapshot, its modes are restored
+through safe_mode, and its .dvc file names the snapshot's directory as its only output (`manifest_problem`,
+`dvc_file_problem`).
 """
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..workspace.tree import IGNORED_DIRS, TreeError, copy_tree, file_sha256, is_control_file, tree_hash
+import yaml
+
+from ..workspace.tree import IGNORED_DIRS, TreeError, copy_tree, file_sha256, is_control_file, safe_mode, tree_hash
 from .dvc import DvcError, DvcRepo, open_repo
 from .lock import FileLock
 
@@ -46,6 +51,42 @@ def control_files(root: str | Path) -> list[str]:
         found += [(base / n).relative_to(root).as_posix() for n in dirnames + filenames if is_control_file(n)]
         dirnames[:] = [d for d in dirnames if not is_control_file(d)]
     return sorted(found)
+
+
+def manifest_problem(manifest: dict) -> str | None:
+    """Why a manifest (one another store or a worker sent, or one on disk) cannot be trusted to restore from, or
+    None. Its paths are read and written relative to the snapshot and the destination: each must stay inside them
+    and name no control file; its modes are octal numbers (restored through safe_mode)."""
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        return "it has no list of files"
+    for f in files:
+        path = f.get("path") if isinstance(f, dict) else None
+        if not isinstance(path, str) or not path or path.startswith("/") or "\0" in path:
+            return f"a file entry without a relative path ({path!r})"
+        parts = path.split("/")
+        if any(part in ("", ".", "..") or is_control_file(part) or part in IGNORED_DIRS for part in parts):
+            return f"the file path {path!r} leaves the tree or names a control file"
+        try:
+            int(str(f.get("mode")), 8)
+        except ValueError:
+            return f"the file {path!r} has no octal mode"
+    return None
+
+
+def dvc_file_problem(text: str, sid: str) -> str | None:
+    """Why a snapshot's .dvc file (from another store) cannot be written into this store's DVC repository, or None:
+    it may name one output only, the snapshot's own directory, and nothing else for DVC to act on."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        return f"its .dvc file is not YAML ({e})"
+    outs = data.get("outs") if isinstance(data, dict) else None
+    if not isinstance(outs, list) or set(data) != {"outs"}:
+        return "its .dvc file must hold `outs` alone"
+    if [o.get("path") if isinstance(o, dict) else None for o in outs] != [sid]:
+        return f"its .dvc file must name the directory {sid} as its only output"
+    return None
 
 
 @dataclass(frozen=True)
@@ -168,12 +209,14 @@ class SnapshotStore:
             raise StoreError(f"{dest} already exists and is not empty")
         self._ensure_present(info)
         manifest = json.loads(self._manifest(info.id).read_text(encoding="utf-8"))
+        if why := manifest_problem(manifest):
+            raise StoreError(f"snapshot {info.id}'s manifest is refused: {why}")
         dest.mkdir(parents=True, exist_ok=True)
         for f in manifest["files"]:
             out = dest / f["path"]
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(info.path / f["path"], out)  # follows DVC cache links, if DVC was set to use them
-            os.chmod(out, int(f["mode"], 8))
+            os.chmod(out, safe_mode(int(f["mode"], 8), is_dir=False))
         if tree_hash(dest) != info.tree_hash:
             raise StoreError(f"restored snapshot {info.id} in {dest} does not match its manifest (store corrupted?)")
         return dest
@@ -194,6 +237,8 @@ class SnapshotStore:
         if not self._id.match(ref.id) or manifest.get("id") != ref.id or \
                 not str(manifest.get("tree_hash", "")).startswith(ref.id):
             raise StoreError(f"snapshot ref {ref.id!r} is inconsistent (its id must be its tree hash's prefix)")
+        if why := manifest_problem(manifest) or (ref.dvc_file is not None and dvc_file_problem(ref.dvc_file, ref.id)):
+            raise StoreError(f"snapshot ref {ref.id!r} is refused: {why}")
         with self._lock():
             if self._manifest(ref.id).is_file():
                 if self._load(ref.id).tree_hash != manifest["tree_hash"]:
