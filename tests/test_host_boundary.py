@@ -330,3 +330,24 @@ def test_an_exception_raised_while_a_command_runs_kills_its_sandbox(tmp_path):
     with pytest.raises(TimeoutError):
         run_confined(["sleep", "60"], AgentSandbox().policy(ws.root), 30, on_start=started_then_interrupted)
     assert boxes and boxes[0].members() == []
+
+
+def test_an_engines_log_is_read_through_the_descriptor_the_host_made_it_with(tmp_path):
+    """An engine's stderr tail goes into the error the gate reports (and agents read). Read by path, a log put in
+    its place (a link to a host file) would hand the host file's end to whoever reads that error."""
+    import types
+
+    from seis.engine_host.client import EngineProcess
+    secret = tmp_path / "host-secret"
+    secret.write_text("HOST-SECRET-LINE\n")
+    log = tmp_path / "seis-engine-x.log"
+    log.write_text("Traceback: the engine's own words\n")
+    fd = os.open(log, os.O_RDONLY)
+    try:
+        log.unlink()
+        log.symlink_to(secret)  # what a process that could reach the path would leave there
+        engine = types.SimpleNamespace(stderr_path=log, _stderr_fd=fd)
+        tail = EngineProcess._stderr_tail(engine)
+    finally:
+        os.close(fd)
+    assert "the engine's own words" in tail and "HOST-SECRET" not in tail

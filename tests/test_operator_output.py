@@ -5,6 +5,7 @@ character, no carriage return that rewrites a line, no bidi override that makes 
 artifact the agent's words are text, not HTML, links, images or table rows."""
 from __future__ import annotations
 
+import os
 import re
 import types
 import unicodedata
@@ -154,7 +155,11 @@ def _engine_error(tmp_path: Path):
 
     stderr = tmp_path / "stderr.log"
     stderr.write_bytes(("Traceback (most recent call last):\n" + PLANTED + "\nRuntimeError: boom\n").encode())
-    tail = EngineProcess._stderr_tail(types.SimpleNamespace(stderr_path=stderr))
+    fd = os.open(stderr, os.O_RDONLY)
+    try:
+        tail = EngineProcess._stderr_tail(types.SimpleNamespace(_stderr_fd=fd))
+    finally:
+        os.close(fd)
     return EngineError(f"engine process is not running (exit status 1){tail}")
 
 

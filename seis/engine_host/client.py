@@ -92,6 +92,7 @@ class EngineProcess:
         self.watch: WriteWatch | None = None
         self.proc: subprocess.Popen | None = None
         self.stderr_path: Path | None = None
+        self._stderr_fd: int | None = None   # the log as created: read through it, never through its path
         self._oom_kills_at_start: int | None = None
         # One reply per request, so one line waits here at most: an engine writing lines nobody asked for fills
         # its own pipe and stalls, never host memory (and its next reply is refused as a forgery).
@@ -111,6 +112,7 @@ class EngineProcess:
         options = {**self.options, "device": self.options.get("device", "auto")}
         argv = [sys.executable, WORKER, "--engine-dir", ENGINE_MOUNT, "--model-dir", MODEL_MOUNT,
                 "--options", json.dumps(options)]
+        self._stderr_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
         with os.fdopen(fd, "wb") as stderr:
             self.box = SandboxedProcess(argv, self.policy, stderr=stderr, forbidden=forbidden_paths())
             self.proc = self.box.start()
@@ -188,6 +190,9 @@ class EngineProcess:
         self.kill()
         if self.stderr_path:
             self.stderr_path.unlink(missing_ok=True)
+        if self._stderr_fd is not None:
+            os.close(self._stderr_fd)
+            self._stderr_fd = None
 
     def _protocol_broken(self, message: str) -> NoReturn:
         """An engine that breaks the one-reply-per-request protocol is not asked anything again: it is killed."""
@@ -218,12 +223,13 @@ class EngineProcess:
         return f" ({self.watch.exceeded})" if self.watch is not None and self.watch.exceeded else ""
 
     def _stderr_tail(self, n: int = 1500) -> str:
-        if self.stderr_path and self.stderr_path.exists():
-            with self.stderr_path.open("rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - n))
-                tail = f.read().decode("utf-8", errors="replace").strip()
-            return f"; its stderr ends:\n{tail}" if tail else ""
-        return ""
+        """The log's last n bytes, read through the descriptor this process opened when it made the file: no
+        path is looked up again, so nothing put in the log's place (a link to a host file) is ever read."""
+        if self._stderr_fd is None:
+            return ""
+        size = os.fstat(self._stderr_fd).st_size
+        tail = os.pread(self._stderr_fd, n, max(0, size - n)).decode("utf-8", errors="replace").strip()
+        return f"; its stderr ends:\n{tail}" if tail else ""
 
 
 def _status(code: int | None) -> str:
