@@ -161,6 +161,26 @@ def read_tree_file(root: str | Path, rel: str) -> bytes:
         os.close(fd)
 
 
+class NotRegularFile(OSError):
+    """What open_regular found at a path is a directory, FIFO, socket or device."""
+
+    def __init__(self, path, mode: int):
+        super().__init__(errno.EINVAL, f"{os.fspath(path)} is not a regular file")
+        self.mode = mode
+
+
+def open_regular(path: str | Path, flags: int = os.O_RDONLY) -> tuple[int, os.stat_result]:
+    """(descriptor, fstat) of the regular file at path, for host code reading or writing what sandboxed code
+    wrote: its last component is never followed if it is a link (ELOOP), a FIFO is never waited on, and what the
+    descriptor turns out to be decides (NotRegularFile), not what a look at the path said before."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFile(path, st.st_mode)
+    return fd, st
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

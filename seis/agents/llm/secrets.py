@@ -18,13 +18,13 @@ import bisect
 import codecs
 import os
 import re
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
 from ...sandbox.policy import MAX_DEPTH, MIN_SECRET_LEN, SECRET_NAME
 from ...sandbox.walk import TooDeep, Unreadable, walk
+from ...workspace.tree import open_regular
 
 # Shapes of common provider keys, caught even when the value came from somewhere other than the environment.
 KEY_PATTERNS = (re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}"), re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"),
@@ -224,8 +224,6 @@ def scan_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list
 
 def _read_nofollow(path: Path, size: int) -> bytes:
     """At most size + 1 bytes of a regular file, opened without following a link or blocking on a FIFO."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd, _ = open_regular(path)
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(f"{path.name} is not a regular file")
         return f.read(size + 1)

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from ...sandbox.walk import Entry, TooDeep, walk
-from ...workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES, MAX_DEPTH
+from ...workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES, MAX_DEPTH, NotRegularFile, open_regular
 from .confine import AgentSandbox
 from .paths import ToolError, confine, rel
 from .shell import run_shell, truncate
@@ -375,16 +375,13 @@ def _open_file(path: Path, shown: str, flags: int = os.O_RDONLY) -> tuple[int, o
         if not stat.S_ISREG(mode):
             raise _not_regular(shown, mode)
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        return open_regular(path, flags)
+    except NotRegularFile as e:
+        raise _not_regular(shown, e.mode) from None
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # it became a link, FIFO or socket, directory
             raise ToolError(f"{shown!r} is not a regular file; the file tools open regular files only") from None
         raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise _not_regular(shown, st.st_mode)
-    return fd, st
 
 
 def _not_regular(shown: str, mode: int) -> ToolError:
