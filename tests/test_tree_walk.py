@@ -2,6 +2,7 @@
 search and list tools, write watch), and the watch's answer to what such a walk cannot see. CPU only."""
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -35,6 +36,47 @@ def test_links_are_listed_never_followed_and_enter_can_keep_directories_out(tmp_
     (tree / "to_host").symlink_to(host_file.parent, target_is_directory=True)
     names = _names(tree, enter=lambda e: e.name != "__pycache__")
     assert names == ["Entry:__pycache__@1", "Entry:to_host@1"]  # nothing of the host directory, nor the cache
+
+
+def _swap_for_link(directory: Path, target: Path) -> None:
+    directory.rename(directory.with_name(directory.name + ".old"))
+    directory.symlink_to(target, target_is_directory=True)
+
+
+def test_a_directory_swapped_for_a_link_after_its_listing_is_not_entered(tmp_path, host_file):
+    """What a sandbox still running can do to the write watch: list `a` as a directory, then make it a link to a
+    host directory before the walk enters it. `enter` runs between the two, so the swap lands there."""
+    tree = tmp_path / "tree"
+    (tree / "a").mkdir(parents=True)
+
+    def swap(entry: os.DirEntry) -> bool:
+        _swap_for_link(tree / "a", host_file.parent)
+        return True
+
+    items = list(walk(tree, enter=swap))
+    assert not any(i.path.name == host_file.name for i in items), "a host directory was listed"
+    assert [(type(i), i.path) for i in items][-1] == (Unreadable, tree / "a")
+    assert items[-1].error.errno in (errno.ENOTDIR, errno.ELOOP)  # a link is not opened as a directory
+
+
+def test_an_ancestor_swapped_for_a_link_to_a_lookalike_host_directory_is_not_entered(tmp_path, host_file):
+    """The deeper form: `a/b` is listed, then `a` becomes a link to a host directory that also holds a `b`. The
+    path a/b now names the host's b; its inode is not the one listed, so it is never listed."""
+    tree = tmp_path / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    lookalike = host_file.parent / "b"
+    lookalike.mkdir()
+    (lookalike / "host-only.txt").write_text("host")
+
+    def swap(entry: os.DirEntry) -> bool:
+        if entry.name == "b":
+            _swap_for_link(tree / "a", host_file.parent)
+        return True
+
+    items = list(walk(tree, enter=swap))
+    assert not any(i.path.name == "host-only.txt" for i in items), "a host directory was listed"
+    assert isinstance(items[-1], Unreadable) and items[-1].path == tree / "a" / "b"
+    assert items[-1].error.errno == errno.ESTALE
 
 
 def test_the_depth_cap_lists_a_directory_without_entering_it(tmp_path):

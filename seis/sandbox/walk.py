@@ -1,15 +1,18 @@
-"""One way to walk, by path, a tree that a sandbox wrote: iteratively (a chain thousands of directories deep is
-no RecursionError), never following or entering a link, with an optional depth cap. The host readers that only
-look (the secret scan, an agent's search and list tools, the write watch) share it; the walks that change owners,
-modes or copy go through descriptors instead (seis.workspace.tree, seis.agents.llm.confine, and the bind walk in
-seis.sandbox.process).
+"""One way to walk a tree that a sandbox wrote: iteratively (a chain thousands of directories deep is no
+RecursionError), never following or entering a link, with an optional depth cap. The host readers that only look
+(the secret scan, an agent's search and list tools, the write watch) share it; the walks that change owners, modes
+or copy go through descriptors all the way down instead (seis.workspace.tree, seis.agents.llm.confine, and the bind
+walk in seis.sandbox.process).
 
-Only the write watch walks while the sandbox still runs. A path walk can then be turned by a directory swapped
-for a link between its listing and its entry; the watch only stats and counts, so such a turn costs at most a
-bounded walk (its entry limit) and kills the sandbox that tried it. A tree changed under a walk can also hide
-parts of itself from it; the watch's free-space floors (seis.sandbox.write_watch) bound what it can hide."""
+The write watch walks while the sandbox still runs, so a directory can be swapped for a link, or an ancestor for a
+link to a host directory holding the same names, between its listing and its entry. Each directory is therefore
+opened without following a link and entered only if the descriptor is the directory its parent listed (same device
+and inode); one that changed is reported Unreadable (ENOTDIR: a link now; ESTALE: another directory) and never
+listed. Entries are listed and stat'ed through that descriptor. A tree changed under a walk can still hide parts
+of itself from it; the watch's free-space floors (seis.sandbox.write_watch) bound what it can hide."""
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,13 +23,12 @@ from .policy import MAX_DEPTH
 
 @dataclass(frozen=True)
 class Entry:
-    """An entry of the tree: `depth` 1 for the root's children. A directory comes before what it holds."""
+    """An entry of the tree: `depth` 1 for the root's children. A directory comes before what it holds.
+    `dir_entry` was listed through its directory's descriptor, which stays open only until the walk moves on:
+    call its methods (is_dir, stat, ...) before the next entry, and use `path`, never dir_entry.path (a bare name)."""
     dir_entry: os.DirEntry
     depth: int
-
-    @property
-    def path(self) -> Path:
-        return Path(self.dir_entry.path)
+    path: Path
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,8 @@ class TooDeep:
 
 @dataclass(frozen=True)
 class Unreadable:
-    """A directory that could not be listed (gone, no permission, a name too long to open)."""
+    """A directory that could not be listed (gone, no permission, a name too long to open), or that was no longer
+    the directory its parent listed when the walk came to enter it (ENOTDIR: a link now; ESTALE: another directory)."""
     path: Path
     error: OSError
 
@@ -48,24 +51,53 @@ def walk(root: str | os.PathLike, *, max_depth: int | None = MAX_DEPTH, ordered:
     directories depth first in that order (deterministic output); otherwise as listed, which is cheaper.
     A directory at depth `max_depth` (None: no cap) is yielded as TooDeep and not entered; `enter` may keep
     others out (caches). The caller may stop at any point, for instance after a number of entries."""
-    stack: list[tuple[str, int]] = [(os.fspath(root), 0)]
+    root = os.fspath(root)
+    try:
+        st = os.stat(root, follow_symlinks=False)
+    except OSError as e:
+        yield Unreadable(Path(root), e)
+        return
+    stack: list[tuple[str, int, tuple[int, int]]] = [(root, 0, (st.st_dev, st.st_ino))]
     while stack:
-        directory, depth = stack.pop()
+        directory, depth, identity = stack.pop()
+        try:
+            fd = _open_listed_dir(directory, identity)
+        except OSError as e:
+            yield Unreadable(Path(directory), e)
+            continue
         subdirs = []
         try:
-            with os.scandir(directory) as it:
+            with os.scandir(fd) as it:
                 # Sorting holds one directory's listing; unordered walks stream it (a watch meets huge ones).
                 for entry in sorted(it, key=lambda e: e.name) if ordered else it:
+                    path = os.path.join(directory, entry.name)
                     try:
                         is_dir = entry.is_dir(follow_symlinks=False)
                     except OSError:
                         is_dir = False
                     if is_dir and max_depth is not None and depth + 1 >= max_depth:
-                        yield TooDeep(Path(entry.path))
+                        yield TooDeep(Path(path))
                         continue
-                    yield Entry(entry, depth + 1)
+                    yield Entry(entry, depth + 1, Path(path))
                     if is_dir and (enter is None or enter(entry)):
-                        subdirs.append(entry.path)
+                        try:  # through the listing's descriptor: the identity the child must still have
+                            child = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue  # gone already
+                        subdirs.append((path, depth + 1, (child.st_dev, child.st_ino)))
         except OSError as e:
             yield Unreadable(Path(directory), e)
-        stack.extend((d, depth + 1) for d in reversed(subdirs))  # popped in listing order
+        finally:
+            os.close(fd)
+        stack.extend(reversed(subdirs))  # popped in listing order
+
+
+def _open_listed_dir(path: str, identity: tuple[int, int]) -> int:
+    """A descriptor of the directory at path, if it is still the one listed as (device, inode): its last
+    component is never followed (ENOTDIR), and one reached through an ancestor swapped since is another inode."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != identity:
+        os.close(fd)
+        raise OSError(errno.ESTALE, "no longer the directory that was listed", path)
+    return fd

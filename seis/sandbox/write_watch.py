@@ -85,8 +85,8 @@ def over_limits(roots: list[str], limits: Limits, what: str) -> str | None:
         # No depth cap: a chain of any depth counts in full (it is iterative, and entries are bounded).
         for item in walk(root, max_depth=None, ordered=False):
             if isinstance(item, Unreadable):
-                if item.error.errno in (errno.ENOENT, errno.ENOTDIR):
-                    continue  # removed while the watch looked
+                if item.error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ESTALE):
+                    continue  # removed or replaced while the watch looked: never followed
                 # Past PATH_MAX, say: what lies below would go uncounted.
                 return f"{what}: a directory the watch cannot list ({item.error.strerror or item.error})"
             try:  # TooDeep never comes: no cap

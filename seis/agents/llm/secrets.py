@@ -192,7 +192,7 @@ def scan_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list
         entry = item.dir_entry
         try:
             if entry.is_symlink():
-                link = os.readlink(entry.path)
+                link = os.readlink(item.path)
                 why = matcher.find(link.encode("utf-8", "surrogateescape"))
                 found.append(Finding(rel, "symlink (not scanned)" + (f"; its target names {why}" if why else "")))
                 continue
