@@ -7,6 +7,7 @@ import subprocess
 import threading
 
 import pytest
+from deep_trees import chain, no_deep_leftovers  # noqa: F401 (autouse: a deep chain is removed after its test)
 
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.store import FileLock, LockTimeout, SnapshotStore, StoreError, UnknownSnapshotError, dvc_command
@@ -131,3 +132,13 @@ def test_snapshots_go_to_the_default_remote_and_come_back_on_another_machine(eng
 def test_use_dvc_true_needs_a_repository(tmp_path):
     with pytest.raises(StoreError, match="dvc init"):
         SnapshotStore(tmp_path / "store", use_dvc=True)
+
+
+def test_a_tree_nested_past_the_recursion_limit_is_refused_not_a_crash(engine, tmp_path):
+    """An agent can leave a chain of directories deeper than Python's recursion limit in its engine; storing it
+    is a StoreError like any tree that cannot be stored, never a RecursionError out of the host."""
+    chain(engine / "deep", 1500)
+    store = SnapshotStore(tmp_path / "store")
+    with pytest.raises(StoreError, match="cannot be stored"):
+        store.put(engine)
+    assert store.list() == []

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from ..sandbox.walk import Entry, walk
 from ..workspace.tree import IGNORED_DIRS, TreeError, copy_tree, file_sha256, is_control_file, safe_mode, tree_hash
 from .dvc import DvcError, DvcRepo, open_repo
 from .lock import FileLock
@@ -42,14 +43,16 @@ class UnknownSnapshotError(LookupError):
 def control_files(root: str | Path) -> list[str]:
     """Relative paths of the DVC or git control files or directories (`is_control_file`) anywhere under root,
     links included (not followed). A control directory is named, not searched; ignored ones (.git, caches) are
-    never copied into the store, so they do not count."""
+    never copied into the store, so they do not count. Past MAX_DEPTH nothing is looked at: tree_hash refuses
+    such a tree anyway."""
     root = Path(root)
-    found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        base = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if d not in IGNORED_DIRS]
-        found += [(base / n).relative_to(root).as_posix() for n in dirnames + filenames if is_control_file(n)]
-        dirnames[:] = [d for d in dirnames if not is_control_file(d)]
+
+    def ignored_dir(entry: os.DirEntry) -> bool:
+        return entry.name in IGNORED_DIRS and entry.is_dir(follow_symlinks=False)
+
+    found = [item.path.relative_to(root).as_posix()
+             for item in walk(root, enter=lambda e: not is_control_file(e.name) and not ignored_dir(e))
+             if isinstance(item, Entry) and is_control_file(item.path.name) and not ignored_dir(item.dir_entry)]
     return sorted(found)
 
 
