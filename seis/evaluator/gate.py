@@ -3,7 +3,6 @@ speed, and return one validated GateResult. Also the dev benchmark agents may ru
 from __future__ import annotations
 
 import hashlib
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -23,7 +22,7 @@ from .snapshot import Snapshot, files_sha256, snapshot, tree_sha256
 from .speed import TimedOutputs, measure_speed, vanilla_as_parent
 from .timed import timed_checks
 from .workloads import GateWorkloads, SpeedWorkload, load_gate_workloads, load_speed_workloads, read_model_limits
-from ..workspace.tree import scratch_dir
+from ..workspace.tree import TreeError, copy_tree, remove_tree, scratch_dir
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # seis/
 
@@ -187,9 +186,11 @@ def _unchanged(snaps: dict[str, Snapshot]) -> tuple[bool, list[CheckResult]]:
 
 def _retain(snap: Snapshot, dest: Path) -> None:
     """Copy exactly the judged tree to dest, and prove it is that tree."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(snap.path, dest)
+    remove_tree(dest)  # what an earlier attempt retained there
+    try:
+        copy_tree(snap.path, dest)  # through descriptors, modes made safe: the tree is still the agent's
+    except TreeError as e:
+        raise ReferenceFailure(f"the judged tree could not be copied to {dest}: {e}") from None
     if tree_sha256(dest) != snap.sha256:
         raise ReferenceFailure(f"the retained copy in {dest} does not hash as the judged tree")
 
