@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from prefect_workers import drain_api_workers
+
 from seis.engine_import import ENGINE_TEMPLATE, import_engine
 from tasks.gpu import OWN_SERVER_ENV
 
@@ -86,8 +88,6 @@ def harness(tmp_path_factory):
     bound, and one left pointing at a server a test has since stopped (the scale-out tests run flows against
     servers of their own) never drains, so the suite hung there. Here the drain is bounded, then the server stops."""
     import flows  # noqa: F401  (SEIS's Prefect settings, before the server starts)
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import (PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_DATABASE_CONNECTION_URL,
                                   PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings)
@@ -102,7 +102,6 @@ def harness(tmp_path_factory):
         try:
             with temporary_settings({PREFECT_API_URL: server.api_url, PREFECT_HOME: home}):
                 yield server.api_url
-                for worker in (APILogWorker, EventsWorker):
-                    worker.drain_all(timeout=30)
+                drain_api_workers()
         finally:
             server.stop()

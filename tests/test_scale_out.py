@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from flows.local_server import seed_database
+from prefect_workers import drain_api_workers
 from seis.run_config import RunConfig
 from seis.session.dispatch import SessionReply
 from seis.session.timeline import gate_spans, most_at_once_per_lane
@@ -129,6 +130,7 @@ def server(tmp_path_factory) -> str:
               "--name", "cpu"], _prefect_env(root / "cli-home", api))
         yield api
         assert proc.poll() is None, log.read_text()[-3000:]
+        drain_api_workers()  # the module's runs logged to this server: sent now, not retried at exit
     finally:
         _stop(proc)
 
