@@ -295,3 +295,20 @@ def test_file_names_with_bidi_or_zero_width_characters_are_removed(tmp_path):
     assert len(problems) == 2 and all("control characters" in p and "\\u20" in p for p in problems), problems
     left = {p.name for p in (ws.root / "engine").iterdir()}
     assert "modèle_量.py" in left and not left & {"exploit\u202eyp.txt", "model\u200b.py"}
+
+
+@pytest.mark.parametrize("kind", ["link to a host file", "FIFO", "regular file"])
+def test_a_cli_agents_report_is_read_only_from_a_regular_file_and_removed(kind, tmp_path):
+    """The report a cli agent leaves is read by the host: a link is not followed (it would read a host file), a
+    FIFO is not waited on (nobody writes it: the host would block for ever); either is no report. All are removed."""
+    host = tmp_path / "host.env"
+    host.write_text(f"KEY={KEY}\n")
+    report = tmp_path / "SESSION_REPORT.md"
+    if kind == "link to a host file":
+        report.symlink_to(host)
+    elif kind == "FIFO":
+        os.mkfifo(report)
+    else:
+        report.write_text("## Done\n")
+    assert _read_report(report) == ("## Done\n" if kind == "regular file" else "")
+    assert not os.path.lexists(report) and host.read_text() == f"KEY={KEY}\n"

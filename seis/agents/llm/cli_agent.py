@@ -17,13 +17,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import stat
 import tempfile
 import time
 from pathlib import Path
 
 from ...workspace import Workspace
-from ...workspace.tree import remove_tree
+from ...workspace.tree import open_regular, remove_tree
 from ..types import AgentResult, SessionContext
 from .agent import TRANSCRIPT, finish_workspace, session_dir_of, tree_changed
 from .confine import SEIS_FILES, WORKSPACE, AgentSandbox, Confined, run_confined
@@ -170,15 +169,13 @@ def _remove(path: Path) -> None:
 
 
 def _read_report(path: Path) -> str:
-    """The report file, read without following a link (it could point at any host file) and capped; then
-    removed from the engine tree before anyone hashes or diffs it."""
+    """The report file, read without following a link (it could point at any host file) or waiting on a FIFO, and
+    capped; then removed from the engine tree before anyone hashes or diffs it. Anything but a regular file: ""."""
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return ""
-    text = ""
-    if stat.S_ISREG(st.st_mode):
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd, _ = open_regular(path)
+    except OSError:  # missing, a link, a FIFO, a directory: no report
+        text = ""
+    else:
         with os.fdopen(fd, "rb") as f:
             data = f.read(MAX_REPORT_BYTES + 1)
         text = data[:MAX_REPORT_BYTES].decode("utf-8", errors="replace")
