@@ -351,3 +351,34 @@ def test_an_engines_log_is_read_through_the_descriptor_the_host_made_it_with(tmp
     finally:
         os.close(fd)
     assert "the engine's own words" in tail and "HOST-SECRET" not in tail
+
+
+@pytest.mark.parametrize("plant", ["setuid file", "link to a host file"])
+def test_the_gates_retained_copy_takes_no_mode_and_follows_no_link_the_candidate_chose(plant, tmp_path):
+    """On PASS the gate copies the judged tree (the candidate's private copy) to the session's retained
+    directory, after the candidate's engine is dead. A setuid-root file in it would stay setuid in the retained
+    tree, and a link would copy a host file's bytes: the copy keeps neither."""
+    from seis.evaluator.errors import ReferenceFailure
+    from seis.evaluator.gate import _retain
+    from seis.evaluator.snapshot import Snapshot, tree_sha256
+    from seis.workspace.tree import copy_tree
+
+    judged = tmp_path / "judged"
+    copy_tree(ENGINE_TEMPLATE, judged)
+    host = tmp_path / "host.env"
+    host.write_text("KEY=host-secret\n")
+    dest = tmp_path / "retained"
+    if plant == "setuid file":
+        tool = judged / "engine" / "tool"
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(0o4777)
+        _retain(Snapshot(judged, judged, tree_sha256(judged)), dest)
+        assert stat.S_IMODE((dest / "engine" / "tool").stat().st_mode) == 0o755
+        assert all(not p.stat().st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH) for p in dest.rglob("*"))
+    else:
+        sha = tree_sha256(judged)
+        (judged / "engine" / "keys.env").symlink_to(host)
+        with pytest.raises(ReferenceFailure, match="could not be copied"):
+            _retain(Snapshot(judged, judged, sha), dest)
+        assert not any(p.name == "keys.env" and p.is_file() for p in dest.rglob("*"))
+    assert host.read_text() == "KEY=host-secret\n"
