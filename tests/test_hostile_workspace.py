@@ -28,7 +28,7 @@ from seis.sandbox import write_watch
 from seis.session.steps import _diff_or_reason
 from seis.workspace import Report, prepare_workspace, tree_hash
 from deep_trees import DEEP, chain, no_deep_leftovers  # noqa: F401 (autouse)
-from seis.workspace.tree import MAX_DEPTH
+from seis.workspace.tree import MAX_DEPTH, MAX_PATH_BYTES, TreeError, copy_tree
 
 KEY = "sk-ant-api03-" + "Ab3dE9" * 6 + "xYz12AA"
 SPARSE = 64 * 2**20  # each flood file: exactly the per-file limit, so no per-file rule removes it
@@ -312,3 +312,33 @@ def test_a_cli_agents_report_is_read_only_from_a_regular_file_and_removed(kind, 
         report.write_text("## Done\n")
     assert _read_report(report) == ("## Done\n" if kind == "regular file" else "")
     assert not os.path.lexists(report) and host.read_text() == f"KEY={KEY}\n"
+
+
+# --- paths longer than the kernel takes ---------------------------------------------------------------------------
+
+LONG = "n" * 250  # 17 of these nested: over 4,096 bytes, a path no host call can take whole
+
+
+def test_a_path_past_path_max_is_removed_and_no_host_step_raises(tmp_path):
+    """The agent nests 17 directories of 250-character names (made relative to each level, as a shell's mkdir and
+    cd would): the session is rejected with the reason instead of the host raising ENAMETOOLONG, nothing longer
+    than MAX_PATH_BYTES is left, and the hash and the diff of what is left work."""
+    ws = _ws(tmp_path)
+    chain(ws.root / "engine", 17, name=LONG)
+    rejected = finish_workspace(ws, Redactor(secrets=[KEY]))
+    assert rejected and f"a path longer than {MAX_PATH_BYTES} bytes (removed)" in rejected, rejected
+    for rel, _ in _walk_lstat(ws.root):
+        assert len(rel.encode()) <= MAX_PATH_BYTES, rel[:80]
+    tree_hash(ws.root)
+    assert _diff_or_reason(ws) == ""  # what is left of the chain is directories, no file
+
+
+def test_every_tree_walk_refuses_a_path_past_the_cap_as_a_tree_error(tmp_path):
+    """A stored or gated tree is walked without a sanitize before it: a long path there is a TreeError (which the
+    store and the gate report), not an OSError from a copy whose destination the kernel cannot name."""
+    tree = tmp_path / "tree"
+    copy_tree(ENGINE_TEMPLATE, tree)
+    chain(tree / "engine", 17, name=LONG)
+    for step in (lambda: tree_hash(tree), lambda: copy_tree(tree, tmp_path / "copy")):
+        with pytest.raises(TreeError, match=f"longer than {MAX_PATH_BYTES} bytes"):
+            step()

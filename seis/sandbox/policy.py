@@ -54,6 +54,10 @@ def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 # How deep a tree written in a sandbox the host walks: deeper than any engine needs, far below Python's recursion
 # limit. A deeper tree is refused (seis.workspace.tree, and the binds prepared for a sandbox), never recursed into.
 MAX_DEPTH = 64
+# How long a path inside such a tree may be (UTF-8 bytes, relative to the tree's root): an engine's longest is a
+# few dozen, and any host directory the tree is kept or copied under stays far below the kernel's PATH_MAX (4096)
+# with it. A longer path is removed from a workspace and is a TreeError everywhere else.
+MAX_PATH_BYTES = 1024
 
 @dataclass(frozen=True)
 class Bind:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..sandbox.policy import MAX_DEPTH  # a deeper tree is a TreeError
+from ..sandbox.policy import MAX_DEPTH, MAX_PATH_BYTES  # a deeper tree, or a longer path, is a TreeError
 
 IGNORED_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
 IGNORED_SUFFIXES = (".pyc", ".pyo")
@@ -108,6 +108,8 @@ def _walk(dir_fd: int, prefix: str = "") -> Iterator[tuple[str, int, os.stat_res
     for name in os.listdir(dir_fd):
         if _ignored(name) or (not prefix and name in SESSION_DIRS):
             continue
+        if len((prefix + name).encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+            raise TreeError(f"{(prefix + name)[:80]}... is a path longer than {MAX_PATH_BYTES} bytes")
         kind = _kind(dir_fd, name, prefix + name)
         # sort key: a directory's files are "name/..." among this level's files, as in a sort of full paths
         entries.append((name + "/" if kind == "dir" else name, name, kind))

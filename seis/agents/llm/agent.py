@@ -73,12 +73,15 @@ def finish_workspace(workspace: Workspace, redactor: Redactor) -> str | None:
         named = next((i for i, part in enumerate(parts) if names.find(part.encode("utf-8", "surrogateescape"))),
                      None)
         target = workspace.root.joinpath(*parts[: len(parts) if named is None else named + 1])
-        if named is not None and target.is_dir() and not target.is_symlink():
-            remove_tree(target)
-        elif named is not None:
-            target.unlink(missing_ok=True)
-        elif target.is_file() and not target.is_symlink():
-            target.write_text("# removed by SEIS: this file held an API key\n")
+        try:
+            if named is not None and target.is_dir() and not target.is_symlink():
+                remove_tree(target)
+            elif named is not None:
+                target.unlink(missing_ok=True)
+            elif target.is_file() and not target.is_symlink():
+                target.write_text("# removed by SEIS: this file held an API key\n")
+        except OSError as e:  # the session is rejected for the key all the same; the next leak is still blanked
+            problems.append(f"{redactor.text(leak.path)}: could not be blanked ({e.strerror or e})")
     if not problems and not leaks:
         return None
     parts = problems + [f"{redactor.text(leak.path)}: held an API key (file blanked, or removed where its name "

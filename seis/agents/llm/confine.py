@@ -33,7 +33,7 @@ from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPol
 from ...sandbox import WriteWatch
 from ...sandbox.cgroup import host_memory_bytes
 from ...workspace import PEERS_DIR, REPORTS_DIR
-from ...workspace.tree import MAX_DEPTH, is_control_file, remove_tree, safe_mode
+from ...workspace.tree import MAX_DEPTH, MAX_PATH_BYTES, is_control_file, remove_tree, safe_mode
 
 WORKSPACE, MODEL, SEIS_FILES = "/workspace", "/model", "/seis"
 SCRATCH_HOME = "/tmp/home"
@@ -214,8 +214,9 @@ MAX_TREE_ENTRIES = AGENT_LIMITS.max_written_entries  # files, directories and th
 def sanitize_workspace(root: Path) -> list[str]:
     """Make the workspace safe for the host to hash, diff, copy and gate (no agent process is alive when this
     runs). Removed: every symlink, FIFO, socket or device node, hard-linked files, files larger than
-    MAX_FILE_BYTES, directories more than MAX_DEPTH levels deep (no walk of an engine tree goes there), names
-    that are not UTF-8 or hold control characters, and version-control or DVC files (they would steer the
+    MAX_FILE_BYTES, directories more than MAX_DEPTH levels deep (no walk of an engine tree goes there), paths
+    longer than MAX_PATH_BYTES (nor does any host path built from one), names that are not UTF-8 or hold control
+    characters, and version-control or DVC files (they would steer the
     store's repository, or make a repository whose configured commands run as whoever runs its tool there).
     An agent's own `.git` goes too, at any depth, without rejecting the session: no tree holds it. Every entry
     left gets, through a descriptor opened without following links, this process's owner (as root), a fixed
@@ -281,7 +282,7 @@ def _sanitize_walk(root_fd: int, problems: list[str]) -> str | None:
                 _discard(dir_fd, name, stat.S_ISDIR(st.st_mode))
                 continue
             why = _bad_name(name) or (f"a {_kind_of_control(name)} file, which an engine tree may not hold"
-                                      if is_control_file(name) else None)
+                                      if is_control_file(name) else None) or _too_long(rel)
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(name, dir_fd=dir_fd)
                 remove(dir_fd, name, rel, f"a symlink to {_printable(target)}; the engine tree holds plain files only")
@@ -397,6 +398,12 @@ def _bad_name(name: str) -> str | None:
         return "a file name that is not UTF-8"
     if not name.isprintable():  # C0/C1 controls, DEL, and the format characters: bidi overrides, zero-width ones
         return "a file name with control characters (bidi overrides and other format characters included)"
+    return None
+
+
+def _too_long(rel: str) -> str | None:
+    if len(rel.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:  # no host path joined with it may fail
+        return f"a path longer than {MAX_PATH_BYTES} bytes"
     return None
 
 
