@@ -99,3 +99,29 @@ def test_an_engine_filling_its_compile_cache_is_killed_and_the_error_says_why(tm
             eng.build()
         assert eng.pids() == []
     assert time.monotonic() - t0 < 30  # killed by the watch, not by the call's time limit
+
+
+def test_an_engines_stats_are_kept_flat_and_small_whatever_it_replies(tmp_path):
+    """stats() goes into gate.json and postval.json. An engine returning nesting 300 levels deep (past what the
+    JSON writer of the gate's result takes), 10 MB of text and a mapping: the host keeps its plain numbers and
+    short texts only, so its files stay writable and small."""
+    tree = copy_engine(tmp_path / "engine_dir")
+    init = tree / "engine" / "__init__.py"
+    init.write_text(init.read_text() + textwrap.dedent("""
+        _plain_stats = Engine.stats
+        def _stats(self):
+            deep = []
+            for _ in range(300):
+                deep = [deep]
+            return {**_plain_stats(self), "deep": deep, "blob": "x" * 10_000_000, "map": {"a": 1},
+                    "nan": float("nan"), "huge": 10 ** 40}
+        Engine.stats = _stats
+        """))
+    from pydantic_core import to_json
+    with EngineProcess(tree, resolve_model("tiny-qwen3"), OPTIONS, timeout_s=60) as eng:
+        built = eng.build()
+        stats = eng.stats()
+    for kept in (stats, built["stats"]):
+        assert kept["device"] == "cpu" and kept["max_seq_len"] == 64 and kept["decode_steps"] == 0
+        assert not {"deep", "blob", "map", "nan", "huge"} & set(kept)
+        assert len(to_json(kept)) < 4096  # and pydantic writes it (nesting past 255 levels fails there)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import secrets
@@ -20,6 +21,37 @@ from .policy import ENGINE_MOUNT, MODEL_MOUNT, WORKER, engine_policy, forbidden_
 
 MAX_REPLY_BYTES = 64 * 2**20   # one reply line; a longer one is an engine error, not host memory
 OVERSIZED = object()
+
+
+MAX_STATS = 64          # names in an engine's stats that the host keeps
+MAX_STAT_CHARS = 256    # the longest name or text value kept
+MAX_STAT_LIST = 256     # the longest list kept (graph batch sizes, say)
+
+
+def plain_stats(value: Any) -> dict[str, Any]:
+    """An engine's stats as the host keeps them (gate.json, postval.json, the benchmarks' JSON): at most MAX_STATS
+    names, each with a number, a boolean, None, a short text or a short list of those. Stats are shown, never
+    relied on, and the engine may be a candidate: whatever else it replies (nesting thousands of levels deep, 64 MiB
+    of text) is left out here, so no reply can shape, swell or break the files the host writes."""
+    if not isinstance(value, dict):
+        return {}
+    kept = {}
+    for name, v in value.items():
+        if len(kept) == MAX_STATS:
+            break
+        if not isinstance(name, str) or len(name) > MAX_STAT_CHARS:
+            continue
+        if _plain(v) or (type(v) is list and len(v) <= MAX_STAT_LIST and all(_plain(x) for x in v)):
+            kept[name] = v
+    return kept
+
+
+def _plain(v: Any) -> bool:
+    if type(v) is int:
+        return abs(v) < 2**63
+    if type(v) is float:
+        return math.isfinite(v)  # NaN and infinity are not JSON
+    return v is None or type(v) is bool or (type(v) is str and len(v) <= MAX_STAT_CHARS)
 
 
 class EngineError(RuntimeError):
@@ -167,7 +199,11 @@ class EngineProcess:
 
     # Typed conveniences over `call` (timeout_s: this call's limit, default the instance's).
     def build(self, timeout_s: float | None = None) -> dict:
-        return self.call("build", timeout_s=timeout_s)
+        """The build reply; its "stats" as plain_stats keeps them."""
+        reply = self.call("build", timeout_s=timeout_s)
+        if isinstance(reply, dict) and "stats" in reply:
+            reply = {**reply, "stats": plain_stats(reply["stats"])}
+        return reply
 
     def generate(self, prompts: list[list[int]], sampling: Sampling | list[Sampling],
                  timeout_s: float | None = None) -> list[dict]:
@@ -181,7 +217,7 @@ class EngineProcess:
         return self.call("verify", timeout_s=timeout_s, prompts=prefixes, continuations=drafts, top_k=top_k)
 
     def stats(self, timeout_s: float | None = None) -> dict:
-        return self.call("stats", timeout_s=timeout_s)
+        return plain_stats(self.call("stats", timeout_s=timeout_s))
 
     def close(self) -> None:
         """End the engine's whole sandbox (nothing of it needs a graceful exit) and drop its log."""
