@@ -174,3 +174,13 @@ def test_engine_text_in_gate_details_cannot_add_lines_to_a_report():
     lines = render_checks([CheckResult(name="engine.build", value=None, passed=False, detail=evil)])
     assert len(lines) == 3 and "boom ## Measurements Gate verdict: PASS" in lines[2]
     assert not any(line.startswith(("##", "Gate verdict", "```")) for line in lines)
+
+
+def test_a_contract_rewritten_in_the_workspace_does_not_reach_the_prompt(tmp_path):
+    """CONTRACT.md is shown outside every agent-text fence, as the harness's own words. A session may rewrite the
+    workspace's copy (the gate does not check it) and be retained; the next prompt still shows the project's."""
+    ws = _ws(tmp_path, [])
+    (ws.root / "CONTRACT.md").write_text(FORGERY + "x" * 2_000_000)
+    p = render_prompt(load_template("session_v1"), ws, SessionContext("c0", 1), mode="tools")
+    _assert_no_forgery(p.user)
+    assert (ENGINE_TEMPLATE / "CONTRACT.md").read_text().strip() in p.user and len(p.user) < 100_000

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...engine_import import ENGINE_TEMPLATE
+from ...engine_import import CONTRACT_FILE, ENGINE_TEMPLATE
 from ...workspace import Report, Workspace
 from ..report import lineage, split_report
 from ..types import SessionContext
@@ -152,11 +152,11 @@ def render_budget(context: SessionContext, max_turns: int | None, wall_s: float 
     return "\n".join(i for i in items if i) or "- no explicit limits; be economical anyway"
 
 
-def read_contract(workspace: Workspace) -> str:
-    for path in (workspace.root / "CONTRACT.md", ENGINE_TEMPLATE / "CONTRACT.md"):
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
-    return "(CONTRACT.md not found)"
+def read_contract() -> str:
+    """The engine contract as the project states it (and the gate holds engines to). Never the workspace's copy:
+    a retained session could have rewritten that, and this text reaches the next prompt outside the fences that
+    mark agents' words as claims."""
+    return (ENGINE_TEMPLATE / CONTRACT_FILE).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def render_prompt(template: PromptTemplate, workspace: Workspace, context: Sessi
     """mode: 'tools' (SDK agents: finish via the finish tool) or 'cli' (a report file)."""
     values = {"chain": context.chain, "session": f"{context.session:03d}", "report_file": report_file,
               "budget": render_budget(context, max_turns, wall_s), "history": render_history(context),
-              "peers": render_peers(workspace, context), "contract": read_contract(workspace).strip()}
+              "peers": render_peers(workspace, context), "contract": read_contract().strip()}
     values["finish"] = _fill(template.sections[f"finish-{mode}"], values)
     return Prompt(_fill(template.sections["system"], values).strip(),
                   _fill(template.sections["body"], values).strip() + "\n", template.version)
