@@ -81,6 +81,29 @@ def test_diff_shows_edits_additions_and_deletions_and_applies_with_git(parent, t
     assert tree_hash(copy) == tree_hash(ws)
 
 
+def test_a_diff_names_files_past_its_limits_and_stays_small(parent, tmp_path, monkeypatch):
+    """The diff is built in the orchestrator's process from what an agent wrote: a file of 2-byte lines at the
+    per-file limit of a workspace would take GBs as difflib lines. Past a size or a line count a file is named,
+    not diffed, and past the diff's own size the rest are only named; the small edit beside them still shows."""
+    from seis.workspace import diff as diff_mod
+    monkeypatch.setattr(diff_mod, "MAX_DIFF_CHARS", 2_000)
+    ws = tmp_path / "ws"
+    copy_tree(parent, ws)
+    (ws / "engine" / "big.txt").write_bytes(b"x\n" * (3 << 20))        # 6 MiB
+    (ws / "engine" / "lines.txt").write_bytes(b"y\n" * 20_000)          # 40 kB, 20,000 lines
+    (ws / "NOTES.md").write_text("edited\n")
+    (ws / "engine" / "many.py").write_text("x = 1\n" * 1_000)       # shown: the diff passes its limit here
+    (ws / "zz.txt").write_text("last\n")
+    diff = diff_workspace(parent, ws)
+    assert "-notes from session 0\n+edited\n" in diff
+    assert "diff --git a/engine/big.txt b/engine/big.txt\n# not shown: larger than 1 MiB\n" in diff
+    assert "diff --git a/engine/lines.txt b/engine/lines.txt\nnew file mode 100644\n# not shown: more than " \
+           "10,000 lines\n" in diff
+    assert diff.count("+x = 1\n") == 1_000
+    assert "diff --git a/zz.txt b/zz.txt\n# not shown: the diff is past its size limit\n" in diff
+    assert len(diff) < 20_000
+
+
 def test_hash_is_stable_and_ignores_caches_and_session_dirs(parent, tmp_path):
     h = tree_hash(parent)
     assert h == tree_hash(parent) and len(h) == 64

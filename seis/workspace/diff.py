@@ -1,4 +1,5 @@
-"""Unified diff of two engine trees (parent -> workspace), stable and `git apply`-able."""
+"""Unified diff of two engine trees (parent -> workspace), stable and `git apply`-able (but for the files past the
+limits below, which it only names)."""
 from __future__ import annotations
 
 import difflib
@@ -8,6 +9,11 @@ from pathlib import Path
 from .tree import read_tree_file, tree_files
 
 _NO_EOL = "\\ No newline at end of file\n"
+# The diff is for people, and an agent wrote the tree: a file past these is named as changed, not diffed (difflib
+# can take quadratic time and holds every line as an object), and past MAX_DIFF_CHARS the files are only named.
+MAX_DIFF_FILE_BYTES = 1 << 20
+MAX_DIFF_LINES = 10_000
+MAX_DIFF_CHARS = 8 << 20
 
 
 def _text(data: bytes) -> list[str] | None:
@@ -34,6 +40,8 @@ def _file_diff(rel: str, old: bytes | None, new: bytes | None, mode: str) -> str
         header += f"deleted file mode {mode}\n"
     if a_lines is None or b_lines is None:
         return header + f"Binary files {a_name} and {b_name} differ\n"
+    if max(len(a_lines), len(b_lines)) > MAX_DIFF_LINES:
+        return header + f"# not shown: more than {MAX_DIFF_LINES:,} lines\n"
     out = [header]
     for line in difflib.unified_diff(a_lines, b_lines, a_name, b_name, n=3):
         # difflib leaves a last line without "\n" as is; git marks it explicitly.
@@ -45,12 +53,20 @@ def diff_trees(old_dir: str | Path, new_dir: str | Path) -> str:
     """Diff of every engine-tree file that differs, in sorted path order ('' when the trees are equal)."""
     old_dir, new_dir = Path(old_dir), Path(new_dir)
     old_files, new_files = set(tree_files(old_dir)), set(tree_files(new_dir))
-    parts = []
+    parts, size = [], 0
     for rel in sorted(old_files | new_files):
         old = read_tree_file(old_dir, rel) if rel in old_files else None
         new = read_tree_file(new_dir, rel) if rel in new_files else None
-        if old != new:
-            parts.append(_file_diff(rel, old, new, _mode(new_dir / rel if new is not None else old_dir / rel)))
+        if old == new:
+            continue
+        if max(len(old or b""), len(new or b"")) > MAX_DIFF_FILE_BYTES:
+            part = f"diff --git a/{rel} b/{rel}\n# not shown: larger than {MAX_DIFF_FILE_BYTES // 2**20} MiB\n"
+        elif size > MAX_DIFF_CHARS:
+            part = f"diff --git a/{rel} b/{rel}\n# not shown: the diff is past its size limit\n"
+        else:
+            part = _file_diff(rel, old, new, _mode(new_dir / rel if new is not None else old_dir / rel))
+        parts.append(part)
+        size += len(part)
     return "".join(parts)
 
 
