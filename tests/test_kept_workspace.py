@@ -98,3 +98,38 @@ def test_a_key_is_blanked_whatever_the_file_is_named_and_a_name_holding_one_goes
     assert KEY not in (engine / "notes: see below.py").read_text()
     assert not any(KEY in p.name for p in engine.iterdir())
     assert KEY not in rejected
+
+
+class _Interrupted:
+    """An agent that leaves a repository with a hook, a setuid file and a link to a host file, and is then
+    interrupted (Ctrl-C, a cancellation) before it could make its tree safe."""
+
+    def __init__(self, mark: Path, host_file: Path):
+        self.mark, self.host_file = mark, host_file
+
+    def edit(self, workspace, context):
+        _plant_repository(workspace.root, self.mark)
+        suid = workspace.root / "engine" / "suid"
+        suid.write_text("x")
+        suid.chmod(0o4777)
+        (workspace.root / "engine" / "link").symlink_to(self.host_file)
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_session_leaves_its_workspace_sanitized(tmp_path, monkeypatch):
+    """The session's agent step ends by an interrupt: the workspace it leaves (kept for a resume to clear, or for
+    someone to look at) holds no repository, setuid file or link all the same."""
+    from seis.run_config import RunConfig
+    from seis.session import steps
+    from seis.session.spec import SessionSpec
+    host_file = tmp_path / "host.env"
+    host_file.write_text("KEY=x")
+    monkeypatch.setattr(steps, "make_agent", lambda config: _Interrupted(tmp_path / "hook-ran", host_file))
+    ws = _ws(tmp_path)
+    spec = SessionSpec(run_id="r", chain="c0", chain_index=0, session=1, parent_snapshot="p",
+                       session_dir=tmp_path / "session")
+    with pytest.raises(KeyboardInterrupt):
+        steps.run_agent(RunConfig(agent="offline"), spec, ws)
+    assert not (ws.root / ".git").exists() and not (ws.root / "engine" / "bare" / "HEAD").exists()
+    assert not (ws.root / "engine" / "link").is_symlink()
+    assert not (ws.root / "engine" / "suid").stat().st_mode & 0o7000

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..agents import AgentResult, Budget, SessionContext, find_secrets, stamp_verdict
+from ..agents.llm.confine import sanitize_workspace
 from ..run_config import AGENTS_AVAILABLE, RunConfig
 from ..store import DvcError, StoreError
 from ..workspace import Report, Workspace, prepare_workspace
@@ -38,7 +39,13 @@ def run_agent(config: RunConfig, spec: SessionSpec, workspace: Workspace) -> Age
                              session_dir=spec.session_dir,
                              budget=Budget(max_transformations=config.max_transformations,
                                            max_tokens=config.max_tokens, max_cost_usd=config.max_cost_usd))
-    result = make_agent(config).edit(workspace, context)
+    try:
+        result = make_agent(config).edit(workspace, context)
+    except BaseException:
+        # Interrupted (Ctrl-C, a cancellation) or failed before the agent made its tree safe: its sandbox has died
+        # with it, and what it left is made safe now, not when someone next looks there (a resume clears it).
+        sanitize_workspace(workspace.root)
+        raise
     (spec.session_dir / "agent.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     return result
 
