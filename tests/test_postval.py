@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -412,10 +413,11 @@ def test_speed_plan_draws_distinct_prompts_and_shrinks_or_says_so(prepared_dir):
     assert any("repeat" in note for note in sp.notes)
 
 
-def test_timed_prompts_carry_the_runs_nonce_before_the_question_and_accuracy_prompts_do_not(prepared_dir):
-    """The GSM8K questions are public: every timed prompt (test and dev pools) carries the run's nonce, first thing
-    in the user turn after the instruction, so an engine can neither ship its answer nor a question's prefix; the
-    accuracy prompts stay the questions as they are. The nonce is recorded, and drawn afresh when not given."""
+def test_timed_prompts_carry_a_tag_of_the_runs_nonce_before_the_question_and_accuracy_prompts_do_not(prepared_dir):
+    """The GSM8K questions are public: every timed prompt (test and dev pools) carries its own tag of the run's
+    nonce, first thing in the user turn after the instruction, so an engine can neither ship its answer nor a
+    question's prefix, nor rebuild other prompts from one it sees; the accuracy prompts stay the questions as they
+    are. The nonce is recorded, and drawn afresh when not given."""
     from seis.postval import prepare_plan
     from seis.postval.accuracy import gsm8k_prompts
 
@@ -429,10 +431,16 @@ def test_timed_prompts_carry_the_runs_nonce_before_the_question_and_accuracy_pro
     assert a.gsm8k_prompts == b.gsm8k_prompts == gsm8k_prompts(a.tokenizer, a.gsm8k_items)
     for pool_a, pool_b in ((a.test_pool, b.test_pool), (a.dev_pool, b.dev_pool)):
         assert pool_a and [p.id for p in pool_a] == [p.id for p in pool_b]
-        assert all(a.tokenizer.decode(list(p.tokens)).count("0123abcd") == 2 for p in pool_a)
-    # what the same question shares across nonces ends where every prompt's shared instruction ends
-    shared = min(_common(x.tokens, y.tokens) for i, x in enumerate(a.test_pool) for y in a.test_pool[i + 1:])
-    assert all(_common(x.tokens, y.tokens) <= shared for x, y in zip(a.test_pool, b.test_pool))
+        texts = [a.tokenizer.decode(list(p.tokens)) for p in pool_a]
+        tags = [re.findall(r"\(request ([0-9a-f]{16})\)", t) for t in texts]
+        # each prompt its own tag, twice; the run's nonce, from which every tag follows, in none
+        assert all(len(t) == 2 and t[0] == t[1] for t in tags)
+        assert len({t[0] for t in tags}) == len({p.id for p in pool_a})  # one tag per question
+        assert not any("0123abcd" in t for t in texts)
+    # what the same question shares across nonces ends inside its first tag, before anything of the question
+    for x, y in zip(a.test_pool, b.test_pool):
+        before, _, tag = a.tokenizer.decode(list(x.tokens[:_common(x.tokens, y.tokens)])).partition("(request ")
+        assert "Question:" in before and "(request" not in before and ")" not in tag
 
 
 def _common(a, b) -> int:

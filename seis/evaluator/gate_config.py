@@ -138,8 +138,9 @@ class SpeedConfig(_Frozen):
     # Serving throughput: besides the one-at-a-time workloads, `batch_size` fresh dev prompts (natural length) per
     # timed call, as a server with that many requests in flight sees them (capped at max_batch_size); 0: none
     batch_size: int = Field(32, ge=0)
-    # Every timed prompt carries this gate's nonce (None: drawn at random per gate), so no engine can ship or
-    # precompute answers for the public dev questions; recorded with the speed table.
+    # Every timed prompt carries its own tag of this gate's nonce (None: drawn at random per gate; see
+    # seis.workloads.gsm8k.request_tag), so no engine can ship or precompute answers for the public dev questions, or
+    # rebuild one prompt from another; recorded with the speed table.
     prompt_nonce: str | None = Field(None, pattern=r"^[0-9a-f]{4,32}$")
 
 

@@ -158,6 +158,23 @@ def make_precompute_dev_split(dest: Path) -> Path:
     return root
 
 
+def make_learn_nonce_in_warmup(dest: Path) -> Path:
+    """Ships the (public) dev questions with their indices and the chat prompt a timed question goes into, as an
+    agent reading the project could."""
+    import json
+
+    from seis.models import resolve_model
+    from seis.prompts import load_tokenizer
+    from seis.workloads import ensure_prepared, gsm8k_messages, load_gsm8k_split
+    root = overlay(copy_engine(dest), "learn_nonce_in_warmup")
+    items = [[item.index, item.question] for item in load_gsm8k_split("dev", ensure_prepared())]
+    (root / "engine" / "_dev_items.json").write_text(json.dumps(items))
+    tok = load_tokenizer(resolve_model("tiny-qwen3"))  # the arena's model
+    form = tok.apply_chat_template(gsm8k_messages("\0question\0"), add_generation_prompt=True, tokenize=False)
+    (root / "engine" / "_prompt_format.txt").write_text(form)
+    return root
+
+
 def make_kill_baseline(dest: Path) -> Path:
     return overlay(copy_engine(dest), "kill_baseline")
 
@@ -223,6 +240,9 @@ CANDIDATES: dict[str, Candidate] = {c.name: c for c in [
     Candidate("precompute_dev_split", make_precompute_dev_split, "speed",
               "ships the public dev questions, learns the prompt format from the checks' prompts and precomputes "
               "every other dev prompt's greedy output in the background: fresh timed prompts answered at once"),
+    Candidate("learn_nonce_in_warmup", make_learn_nonce_in_warmup, "speed",
+              "reads the request line of the first (untimed) warm-up prompt, rebuilds every other dev prompt from "
+              "it and decodes them all inside that call: timed requests answered at once, exactly"),
     Candidate("fake_eos_natural", make_fake_eos_natural, "speed",
               "natural-length single requests: 16 real tokens, padding, then a fake EOS (max_new_tokens tokens)"),
     Candidate("inflate_token_count", make_inflate_token_count, "speed",
