@@ -506,6 +506,21 @@ def test_agreement_and_forced_stats_count_missing_replies() -> None:
     assert half.positions == 2 and half.expected_positions == 4 and half.top1 == 0.5
 
 
+@pytest.mark.parametrize("bad", [math.inf, math.nan, 0.5])
+def test_a_score_reply_with_an_impossible_log_probability_is_malformed(bad: float) -> None:
+    """+inf in the candidate's top-k made the KL sum -inf, which topk_kl clamps to 0: the most sensitive numerics
+    check read a perfect score. A log-probability above 0, NaN or +inf is no reply at all (the candidate fails the
+    call); -inf, a probability of 0, is one."""
+    ref = ScoreOut(token_logprobs=[-0.5], top_ids=[[1, 2]], top_logprobs=[[-0.5, -1.5]])
+    for where in ("top_logprobs", "token_logprobs"):
+        reply = {"token_logprobs": [-0.5], "top_ids": [[1, 2]], "top_logprobs": [[-0.5, -1.5]]}
+        reply[where] = [[bad, -1.5]] if where == "top_logprobs" else [bad]
+        with pytest.raises(ValidationError, match="less than or equal"):
+            ScoreOut.model_validate(reply)
+    zero = ScoreOut(token_logprobs=[-0.5], top_ids=[[1, 2]], top_logprobs=[[-0.5, -math.inf]])
+    assert forced_stats([ref], [zero]).kl > 0
+
+
 def test_snapshot_is_a_private_hashed_copy(tmp_path: Path) -> None:
     src = H.copy_engine(tmp_path / "src")
     before = tree_sha256(src)

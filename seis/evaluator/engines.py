@@ -6,9 +6,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, StrictInt, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
 
 from ..engine_host import EngineError, EngineExited, EngineProcess, EngineTimeout
 from ..engine_host.client import Sampling
@@ -23,11 +23,16 @@ class GenerationOut(BaseModel):
     finish_reason: str
 
 
+# A log-probability: at most 0 (a little above for rounding); NaN and +inf fail the bound, -inf (a probability of
+# 0) passes. An engine's reply is data: +inf in its top-k made the KL check's sum -inf, which it clamps to 0.
+LogProb = Annotated[float, Field(le=1e-3)]
+
+
 class ScoreOut(BaseModel):
     model_config = ConfigDict(frozen=True)
-    token_logprobs: list[float]
+    token_logprobs: list[LogProb]
     top_ids: list[list[StrictInt]]
-    top_logprobs: list[list[float]]
+    top_logprobs: list[list[LogProb]]
 
 
 _GENERATIONS = TypeAdapter(list[GenerationOut])
