@@ -161,7 +161,7 @@ def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_
 def test_long_context_workloads_fit_the_model(prepared_dir: Path) -> None:
     model_dir = resolve_model("tiny-qwen3")
     vocab, max_positions = read_model_limits(model_dir)
-    cfg = H.tiny_config(prepared_dir, ENGINE_TEMPLATE)
+    cfg = H.tiny_config(prepared_dir, ENGINE_TEMPLATE, prompt_nonce="5eed")
     wl = load_gate_workloads(cfg, model_dir)
     assert wl.budget.max_seq_len == max_positions == 512  # raised from the short checks' needs to fit them
     assert wl.budget.check_prompt_cap == cfg.max_prompt_tokens  # the existing splits are unchanged
@@ -180,6 +180,27 @@ def test_long_context_workloads_fit_the_model(prepared_dir: Path) -> None:
 TINY_NO_LONG = H.TINY_CHECKS.model_copy(update={"long_min_tokens": 500})
 
 
+def test_checked_and_timed_prompts_carry_the_same_kind_of_tag_and_no_nonce(prepared_dir: Path) -> None:
+    """A tag that only timed prompts had let an engine run a lossy fast path on exactly the prompts the lenient
+    timed checks judge. Every GSM8K prompt of the gate, checked (dev, held-out) or timed (warm-up included), has
+    one tag of its own, before and after the question (after it only, where the prompt's start was cut to fit);
+    the nonce it comes from is in none."""
+    import re
+    model_dir = resolve_model("tiny-qwen3")
+    tok = load_tokenizer(model_dir)
+    speed = SpeedConfig(n_prompts=2, natural_max_new_tokens=8, fixed_max_new_tokens=8)
+    wl = load_gate_workloads(H.tiny_config(prepared_dir, ENGINE_TEMPLATE, max_prompt_tokens=480, speed=speed,
+                                           prompt_nonce="0123abcd"), model_dir)
+    checked = [p for label, p in zip(wl.dev.labels + wl.heldout.labels, wl.dev.prompts + wl.heldout.prompts)
+               if label.startswith("gsm8k-")]
+    timed = [p for w in wl.speed for s in (w.warmup, *w.passes) for p in s.prompts]
+    assert len(checked) == 5 and len(timed) >= 8
+    tags = [re.findall(r"\(request ([0-9a-f]{16})\)", tok.decode(list(p))) for p in checked + timed]
+    assert all(len(t) in (1, 2) and len(set(t)) == 1 for t in tags)  # one where the prompt's start was cut
+    assert sum(len(t) == 2 for t in tags) >= 3 and len({t[-1] for t in tags}) == len(tags)
+    assert not any("0123abcd" in tok.decode(list(p)) for p in checked + timed)
+
+
 def test_a_timed_prompt_shares_no_more_with_the_public_question_than_with_any_other(prepared_dir: Path) -> None:
     """An engine may know the public dev questions, not the gate's nonce. Whatever it could compute ahead of a
     timed request (the KV of a known prefix, say) must then be no longer than what every request shares anyway
@@ -188,9 +209,9 @@ def test_a_timed_prompt_shares_no_more_with_the_public_question_than_with_any_ot
     model_dir = resolve_model("tiny-qwen3")
 
     def timed(nonce: str) -> tuple[list[tuple[int, ...]], int]:
-        speed = SpeedConfig(n_prompts=2, natural_max_new_tokens=8, fixed_max_new_tokens=8, prompt_nonce=nonce)
-        wl = load_gate_workloads(H.tiny_config(prepared_dir, ENGINE_TEMPLATE, max_prompt_tokens=480, speed=speed),
-                                 model_dir)
+        speed = SpeedConfig(n_prompts=2, natural_max_new_tokens=8, fixed_max_new_tokens=8)
+        wl = load_gate_workloads(H.tiny_config(prepared_dir, ENGINE_TEMPLATE, max_prompt_tokens=480, speed=speed,
+                                               prompt_nonce=nonce), model_dir)
         return [p for w in wl.speed for s in (w.warmup, *w.passes) for p in s.prompts], wl.budget.speed_prompt_cap
 
     def common(a: tuple[int, ...], b: tuple[int, ...]) -> int:

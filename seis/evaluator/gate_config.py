@@ -138,10 +138,6 @@ class SpeedConfig(_Frozen):
     # Serving throughput: besides the one-at-a-time workloads, `batch_size` fresh dev prompts (natural length) per
     # timed call, as a server with that many requests in flight sees them (capped at max_batch_size); 0: none
     batch_size: int = Field(32, ge=0)
-    # Every timed prompt carries its own tag of this gate's nonce (None: drawn at random per gate; see
-    # seis.workloads.gsm8k.request_tag), so no engine can ship or precompute answers for the public dev questions, or
-    # rebuild one prompt from another; recorded with the speed table.
-    prompt_nonce: str | None = Field(None, pattern=r"^[0-9a-f]{4,32}$")
 
 
 class IsolationConfig(_Frozen):
@@ -173,6 +169,11 @@ class GateConfig(_Frozen):
     max_prompt_tokens: int = Field(768, ge=8)   # prompts are left-truncated (the chat turn's end is kept)
     max_batch_size: int = Field(32, ge=1)
     seed: int = 0
+    # Every GSM8K prompt of the gate, checked or timed, carries its own tag of this nonce (None: 64 random bits per
+    # gate; see seis.workloads.gsm8k.request_tag): no engine can ship or precompute answers for the public
+    # questions, rebuild one prompt from another, or tell a timed prompt from a checked one by its tag. Given, it
+    # reproduces a gate's prompts (tests); recorded with the speed table.
+    prompt_nonce: str | None = Field(None, pattern=r"^[0-9a-f]{4,32}$")
     use_cuda_graphs: bool = True
     checks: CheckSizes = CheckSizes()
     speed: SpeedConfig = SpeedConfig()

@@ -204,7 +204,7 @@ def _prepared(config: GateConfig, loader):
         raise GateInputError(f"{e} (prepared workloads dir: {config.prepared_dir or 'data/prepared'})") from None
 
 
-def _speed_workloads(config: GateConfig, tok, cap: int) -> tuple[SpeedWorkload, ...]:
+def _speed_workloads(config: GateConfig, tok, cap: int, nonce: str) -> tuple[SpeedWorkload, ...]:
     root, sp = config.prepared_dir, config.speed
     dev_items = _prepared(config, lambda: load_gsm8k_split("dev", root))
     by_id = {item.id: item for item in dev_items}
@@ -222,7 +222,6 @@ def _speed_workloads(config: GateConfig, tok, cap: int) -> tuple[SpeedWorkload, 
                              f"repetitions x {sp.n_prompts} prompts) and {len(batched)} batched workload x "
                              f"{1 + sp.reps} batches of {batch} need {needed} distinct ones; lower speed.n_prompts, "
                              f"speed.reps or speed.batch_size")
-    nonce = sp.prompt_nonce or secrets.token_hex(8)
     out = []
     for k, wl in enumerate(workloads):
         new = _new_tokens(config, wl)
@@ -247,6 +246,11 @@ def _speed_workloads(config: GateConfig, tok, cap: int) -> tuple[SpeedWorkload, 
     return tuple(out)
 
 
+def _nonce(config: GateConfig) -> str:
+    """The gate's prompt nonce: the config's (to reproduce a gate), else 64 random bits."""
+    return config.prompt_nonce or secrets.token_hex(8)
+
+
 def speed_new_tokens(config: GateConfig) -> int:
     wls = _prepared(config, lambda: load_dev_workloads(config.prepared_dir))
     return max(_new_tokens(config, w) for w in wls)
@@ -257,7 +261,8 @@ def load_speed_workloads(config: GateConfig, model_dir: Path) -> tuple[tuple[Spe
     manifest = _prepared(config, lambda: verify_prepared(config.prepared_dir))
     _, max_positions = read_model_limits(model_dir)
     budget = make_budget(config, max_positions, speed_new_tokens(config))
-    return _speed_workloads(config, _tokenizer(model_dir), budget.speed_prompt_cap), budget, manifest.digest()
+    return (_speed_workloads(config, _tokenizer(model_dir), budget.speed_prompt_cap, _nonce(config)), budget,
+            manifest.digest())
 
 
 def load_gate_workloads(config: GateConfig, model_dir: Path) -> GateWorkloads:
@@ -268,10 +273,13 @@ def load_gate_workloads(config: GateConfig, model_dir: Path) -> GateWorkloads:
     tok = _tokenizer(model_dir)
     cap, sizes = budget.check_prompt_cap, config.checks
     greedy = Sampling(max_new_tokens=sizes.max_new_tokens)
+    # The checks' GSM8K prompts carry request tags as the timed ones do: a tag tells no engine whether it is timed
+    nonce = _nonce(config)
 
     dev_items = _prepared(config, lambda: load_gsm8k_split("dev", root))[: sizes.n_dev]
     dev = PromptSet("dev", tuple(f"gsm8k-dev:{it.id}" for it in dev_items),
-                    tuple(_gsm8k_prompt(tok, it.question, cap) for it in dev_items), (greedy,) * len(dev_items))
+                    tuple(_gsm8k_prompt(tok, timed_question(it, nonce), cap) for it in dev_items),
+                    (greedy,) * len(dev_items))
 
     test_items = _prepared(config, lambda: load_gsm8k_split("test", root))[: sizes.n_heldout_gsm8k]
     shapes = _prepared(config, lambda: load_heldout_shapes(root))
@@ -283,7 +291,7 @@ def load_gate_workloads(config: GateConfig, model_dir: Path) -> GateWorkloads:
         "heldout",
         tuple(f"gsm8k-test:{it.id}" for it in test_items) + tuple(f"shape:{s.prompt_len}x{s.output_len}"
                                                                   for s in chosen),
-        tuple(_gsm8k_prompt(tok, it.question, cap) for it in test_items)
+        tuple(_gsm8k_prompt(tok, timed_question(it, nonce), cap) for it in test_items)
         + tuple(_shape_ids(s.token_ids[:cap], allowed, limit, special) for s in chosen),
         (greedy,) * len(test_items)
         + tuple(Sampling(max_new_tokens=min(s.output_len, sizes.max_new_tokens), ignore_eos=shapes.ignore_eos)
@@ -296,7 +304,7 @@ def load_gate_workloads(config: GateConfig, model_dir: Path) -> GateWorkloads:
             late = PromptSet("late", (f"{dev.labels[0]}@{late_new}",), dev.prompts[:1],
                              (Sampling(max_new_tokens=late_new, ignore_eos=True),))
     chat_probes, chat_note = chat_probe_prompts(config, tok, cap)
-    speed = _speed_workloads(config, tok, budget.speed_prompt_cap) if config.speed.enabled else ()
+    speed = _speed_workloads(config, tok, budget.speed_prompt_cap, nonce) if config.speed.enabled else ()
     return GateWorkloads(dev, heldout, speed, budget, manifest.digest(), long, late, long_note, chat_probes, chat_note)
 
 
