@@ -14,6 +14,7 @@ their own requests. Beyond the splits: sampling semantics (sampling.support, sam
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -223,7 +224,7 @@ class SamplingGroup:
     seeds: list[int]
 
 
-def _sampling_plan(ref: EngineHandle, dev: PromptSet, sizes: CheckSizes, seed: int,
+def _sampling_plan(ref: EngineHandle, dev: PromptSet, sizes: CheckSizes, nonce: str,
                    vocab: int) -> list[SamplingGroup]:
     prompts = [list(p) for p in dev.prompts[: sizes.n_sampling_prompts]]
     if not prompts or vocab <= SAMPLING_TOP:
@@ -240,8 +241,14 @@ def _sampling_plan(ref: EngineHandle, dev: PromptSet, sizes: CheckSizes, seed: i
             groups.append(SamplingGroup(
                 f"{dev.labels[i]} T={temp:.3g} top_k={sizes.sampling_top_k} top_p={top_p:g}", tuple(prompt), ids,
                 lps, temp, sizes.sampling_top_k, top_p, q,
-                [1 + seed * 1_000_003 + g * sizes.n_samples + k for k in range(sizes.n_samples)]))
+                [_seed(nonce, g, k) for k in range(sizes.n_samples)]))
     return groups
+
+
+def _seed(nonce: str, group: int, k: int) -> int:
+    """A sampled request's seed, from the gate's prompt nonce: seeds that were the same in every gate (1, 2, ...
+    at the default config seed) let an engine sample properly for them alone."""
+    return int(hashlib.sha256(f"{nonce}:seed:{group}:{k}".encode()).hexdigest()[:8], 16)
 
 
 def _sampling_requests(groups: list[SamplingGroup]) -> tuple[list[list[int]], list[Sampling]]:
@@ -447,7 +454,7 @@ def _reference_pass(ref: EngineHandle, wl: GateWorkloads, config: GateConfig, eo
                                  sizes.probe_new_tokens)
     probe_sampling = [Sampling(max_new_tokens=sizes.probe_new_tokens)] * len(probe_prompts)
     r.probes = ref.generate(probe_prompts, probe_sampling) if probe_prompts else []
-    groups = _sampling_plan(ref, wl.dev, sizes, config.seed, vocab)
+    groups = _sampling_plan(ref, wl.dev, sizes, wl.nonce, vocab)
     sampling_prompts, sampling_params = _sampling_requests(groups)
     return _ReferencePass(sets, extra, mixed, r, _pick(r_mixed, mixed.dev_at), forced, probe_prompts,
                           probe_sampling, groups, sampling_prompts, sampling_params,

@@ -118,6 +118,7 @@ class GateWorkloads:
     long_note: str = ""                # why long is empty, or how it was capped
     chat_probes: PromptSet = EMPTY_CHAT_PROBES  # chat-formatted EOS probe questions (empty: no chat template)
     chat_probe_note: str = ""          # why chat_probes is empty
+    nonce: str = ""                    # the gate's prompt nonce (GateConfig.prompt_nonce): tags, sampling seeds
 
     def digest(self) -> str:
         extra = {"long": _set_json(self.long), "late": _set_json(self.late)} if len(self.long) or len(self.late) \
@@ -305,7 +306,8 @@ def load_gate_workloads(config: GateConfig, model_dir: Path) -> GateWorkloads:
                              (Sampling(max_new_tokens=late_new, ignore_eos=True),))
     chat_probes, chat_note = chat_probe_prompts(config, tok, cap)
     speed = _speed_workloads(config, tok, budget.speed_prompt_cap, nonce) if config.speed.enabled else ()
-    return GateWorkloads(dev, heldout, speed, budget, manifest.digest(), long, late, long_note, chat_probes, chat_note)
+    return GateWorkloads(dev, heldout, speed, budget, manifest.digest(), long, late, long_note, chat_probes, chat_note,
+                         nonce)
 
 
 def chat_probe_prompts(config: GateConfig, tok, cap: int) -> tuple[PromptSet, str]:

@@ -111,6 +111,10 @@ def make_ignore_sampling(dest: Path) -> Path:
     return overlay(copy_engine(dest), "ignore_sampling")
 
 
+def make_sample_known_seeds(dest: Path) -> Path:
+    return overlay(copy_engine(dest), "sample_known_seeds")
+
+
 def make_freeze_siblings(dest: Path) -> Path:
     return overlay(copy_engine(dest), "freeze_siblings")
 
@@ -224,6 +228,8 @@ CANDIDATES: dict[str, Candidate] = {c.name: c for c in [
               f"decode steps after the {LATE_SKIP_AFTER}th generated token skip every other layer"),
     Candidate("ignore_sampling", make_ignore_sampling, "contract",
               "always greedy (temperature/top_p/top_k/seed ignored), stop_token_ids ignored"),
+    Candidate("sample_known_seeds", make_sample_known_seeds, "contract",
+              "samples properly only for the small seeds the checks used; greedy for every other sampled request"),
     Candidate("freeze_siblings", make_freeze_siblings, "speed",
               "SIGSTOPs the gate's other engines (same parent in /proc) after each of its timed requests"),
     Candidate("junk_when_pinned", make_junk_when_pinned, "speed",
