@@ -94,3 +94,15 @@ def signalable(pids_: list[int]) -> int:
         except OSError:
             pass
     return n
+
+
+def cut_precomputed(engine, tokens: list[int], sp, prompt_len: int):
+    """A request answered from a continuation decoded ahead (ignore_eos, as long as any request may ask): cut where
+    this request's EOS, stop ids, max_new_tokens or the context would have ended it. None: too short to answer."""
+    from .request import Generation  # the engine's package (this file is engine/_adv_common.py there)
+    stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(engine.eos_token_ids))
+    limit = min(sp.max_new_tokens, engine.max_seq_len - prompt_len)
+    for i, t in enumerate(tokens[:limit]):
+        if t in stops:
+            return Generation(tokens[: i + 1], "stop")
+    return Generation(tokens[:limit], "length") if len(tokens) >= limit else None

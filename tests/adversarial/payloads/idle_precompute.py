@@ -8,8 +8,8 @@ from __future__ import annotations
 import queue
 import threading
 
+from ._adv_common import cut_precomputed
 from .engine import Engine
-from .request import Generation
 from .sampling import SamplingParams
 
 PRECOMPUTED: dict[tuple[int, ...], list[int]] = {}
@@ -43,15 +43,6 @@ def build(self):
     return self
 
 
-def _cut(self, tokens: list[int], sp: SamplingParams, prompt_len: int) -> Generation | None:
-    stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_token_ids))
-    limit = min(sp.max_new_tokens, self.max_seq_len - prompt_len)
-    for i, t in enumerate(tokens[:limit]):
-        if t in stops:
-            return Generation(tokens[: i + 1], "stop")
-    return Generation(tokens[:limit], "length") if len(tokens) >= limit else None
-
-
 _generate = Engine.generate
 
 
@@ -60,7 +51,7 @@ def generate(self, prompts, sampling=None):
     for p in prompts:
         TODO.put(tuple(p))
     if len(prompts) == 1 and params[0].greedy and tuple(prompts[0]) in PRECOMPUTED:
-        hit = _cut(self, PRECOMPUTED[tuple(prompts[0])], params[0], len(prompts[0]))
+        hit = cut_precomputed(self, PRECOMPUTED[tuple(prompts[0])], params[0], len(prompts[0]))
         if hit is not None:
             COUNTS["hits"] += 1
             return [hit]

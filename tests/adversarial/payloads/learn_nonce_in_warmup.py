@@ -12,8 +12,8 @@ import json
 import re
 from pathlib import Path
 
+from ._adv_common import cut_precomputed
 from .engine import Engine
-from .request import Generation
 from .sampling import SamplingParams
 
 HERE = Path(__file__).resolve().parent
@@ -60,15 +60,6 @@ def _precompute(self, first: list[int], max_new: int) -> None:
     STATE["precomputed"] = len(PRECOMPUTED)
 
 
-def _cut(self, tokens: list[int], sp: SamplingParams, prompt_len: int) -> Generation | None:
-    stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_token_ids))
-    limit = min(sp.max_new_tokens, self.max_seq_len - prompt_len)
-    for i, t in enumerate(tokens[:limit]):
-        if t in stops:
-            return Generation(tokens[: i + 1], "stop")
-    return Generation(tokens[:limit], "length") if len(tokens) >= limit else None
-
-
 _generate = Engine.generate
 
 
@@ -80,7 +71,7 @@ def generate(self, prompts, sampling=None):
         except Exception as e:  # noqa: BLE001
             STATE["why"] = f"{type(e).__name__}: {e}"
     if PRECOMPUTED and all(p.greedy for p in params):
-        hits = [_cut(self, PRECOMPUTED[tuple(q)], p, len(q)) if tuple(q) in PRECOMPUTED else None
+        hits = [cut_precomputed(self, PRECOMPUTED[tuple(q)], p, len(q)) if tuple(q) in PRECOMPUTED else None
                 for q, p in zip(prompts, params)]
         if all(h is not None for h in hits):
             STATE["hits"] += len(hits)
