@@ -54,22 +54,22 @@ def gsm8k_messages(question: str) -> list[dict[str, str]]:
 
 
 def timed_question(item: GSM8KItem, nonce: str) -> str:
-    """A question as a timed request asks it. The questions are public; the nonce (drawn per gate or
-    post-validation) is not, and no prompt shows it: each request's line is its own tag (request_tag), so one
-    prompt an engine sees (an untimed warm-up, say) tells it nothing of any other, and no engine can ship or
-    compute ahead the answers to the exact prompts. The first line comes before the question, so no
-    question-specific prefix (its KV, say) can be computed ahead either: prompts share only the fixed instruction,
-    as every GSM8K request does in real use. The second survives keep-the-end truncation."""
-    line = f"(request {request_tag(nonce, item.index)})"
+    """A question as the gate asks it (checked and timed prompts alike) and post-validation times it. The questions
+    are public; the nonce (drawn per gate or post-validation) is not, and no prompt shows it: each request's line
+    is its own tag (request_tag), so one prompt an engine sees (an untimed warm-up, say) tells it nothing of any
+    other, and no engine can ship or compute ahead the answers to the exact prompts. The first line comes before
+    the question, so no question-specific prefix (its KV, say) can be computed ahead either: prompts share only
+    the fixed instruction, as every GSM8K request does in real use. The second survives keep-the-end truncation."""
+    line = f"(request {request_tag(nonce, item)})"
     return f"{line}\n{item.question}\n{line}"
 
 
-def request_tag(nonce: str, index: int) -> str:
-    """A request's tag: 64 bits of a one-way hash of the run's nonce and the item. When every prompt carried the
-    nonce itself, the first warm-up prompt let an engine rebuild every timed prompt of the gate and decode them all
-    inside that untimed call. (A nonce given in a config is for reproducing a run, and only as
+def request_tag(nonce: str, item: GSM8KItem) -> str:
+    """A request's tag: 64 bits of a one-way hash of the run's nonce and the item (its split and line). When every
+    prompt carried the nonce itself, the first warm-up prompt let an engine rebuild every timed prompt of the gate
+    and decode them all inside that untimed call. (A nonce given in a config is for reproducing a run, and only as
     secret as that config; drawn at random it is 64 bits.)"""
-    return sha256_bytes(f"{nonce}:{index}".encode("utf-8"))[:16]
+    return sha256_bytes(f"{nonce}:{item.split}:{item.index}".encode("utf-8"))[:16]
 
 
 def item_id(question: str) -> str:
