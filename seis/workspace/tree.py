@@ -53,6 +53,11 @@ def is_control_file(name: str) -> bool:
     return name in CONTROL_NAMES or name.endswith(".dvc")
 
 
+def path_too_long(rel: str) -> bool:
+    """Past MAX_PATH_BYTES (as the kernel counts a path: UTF-8, undecodable bytes as they were)."""
+    return len(rel.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES
+
+
 def safe_mode(mode: int, is_dir: bool) -> int:
     """The only modes the host gives to what an agent wrote: 0755 for directories and executables, 0644 for the
     rest. Never setuid, setgid, sticky, or writable by others, whatever the tree asked for."""
@@ -108,7 +113,7 @@ def _walk(dir_fd: int, prefix: str = "") -> Iterator[tuple[str, int, os.stat_res
     for name in os.listdir(dir_fd):
         if _ignored(name) or (not prefix and name in SESSION_DIRS):
             continue
-        if len((prefix + name).encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+        if path_too_long(prefix + name):
             raise TreeError(f"{(prefix + name)[:80]}... is a path longer than {MAX_PATH_BYTES} bytes")
         kind = _kind(dir_fd, name, prefix + name)
         # sort key: a directory's files are "name/..." among this level's files, as in a sort of full paths

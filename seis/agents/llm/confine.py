@@ -33,7 +33,7 @@ from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPol
 from ...sandbox import WriteWatch
 from ...sandbox.cgroup import host_memory_bytes
 from ...workspace import PEERS_DIR, REPORTS_DIR
-from ...workspace.tree import MAX_DEPTH, MAX_PATH_BYTES, is_control_file, remove_tree, safe_mode
+from ...workspace.tree import MAX_DEPTH, MAX_PATH_BYTES, is_control_file, path_too_long, remove_tree, safe_mode
 
 WORKSPACE, MODEL, SEIS_FILES = "/workspace", "/model", "/seis"
 SCRATCH_HOME = "/tmp/home"
@@ -402,7 +402,7 @@ def _bad_name(name: str) -> str | None:
 
 
 def _too_long(rel: str) -> str | None:
-    if len(rel.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:  # no host path joined with it may fail
+    if path_too_long(rel):  # no host path joined with it may fail
         return f"a path longer than {MAX_PATH_BYTES} bytes"
     return None
 
