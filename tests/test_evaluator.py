@@ -385,15 +385,12 @@ def test_hang_in_build_times_out(prepared: Path, tmp_path: Path) -> None:
     assert result.wall_s < 60
 
 
-KNOWN_NONCE = "5eed0123"
-
-
 @pytest.fixture(scope="module")
 def dev_reference(prepared: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The dev prompts exactly as the gate encodes them, and the reference's greedy outputs for them. The gates
-    that use them are given the same nonce (KNOWN_NONCE): an engine that has not seen the gate's nonce cannot
-    know its dev prompts."""
-    cfg = H.tiny_config(prepared, ENGINE_TEMPLATE, prompt_nonce=KNOWN_NONCE)
+    that use them ask the same prompts (H.TEST_NONCE): an engine that has not seen a gate's nonce cannot know its
+    dev prompts."""
+    cfg = H.tiny_config(prepared, ENGINE_TEMPLATE)
     wl = load_gate_workloads(cfg, model_dir)
     options = {"device": "cpu", "max_seq_len": wl.budget.max_seq_len, "max_batch_size": cfg.max_batch_size}
     with EngineProcess(ENGINE_TEMPLATE, model_dir, options) as ref:
@@ -405,8 +402,7 @@ def dev_reference(prepared: Path, model_dir: Path, tmp_path_factory: pytest.Temp
 @pytest.mark.slow
 def test_outputs_hardcoded_for_dev_prompts_fail_on_heldout(dev_reference, prepared: Path, tmp_path: Path) -> None:
     _, baked = dev_reference
-    result = run_gate(H.tiny_config(prepared, H.hardcode_outputs(H.copy_engine(tmp_path / "baked"), baked),
-                                    prompt_nonce=KNOWN_NONCE))
+    result = run_gate(H.tiny_config(prepared, H.hardcode_outputs(H.copy_engine(tmp_path / "baked"), baked)))
     assert result.verdict == "fail"
     assert {"heldout.greedy_exact", "heldout.greedy_valid"} <= _failed(result)
     valid = next(c for c in result.checks if c.name == "heldout.greedy_valid")
@@ -418,7 +414,7 @@ def test_outputs_hardcoded_for_dev_prompts_fail_on_heldout(dev_reference, prepar
 def test_dev_only_behaviour_fails_consistency(dev_reference, prepared: Path, tmp_path: Path) -> None:
     wl, _ = dev_reference
     cand = H.dev_only_batches(H.copy_engine(tmp_path / "devonly"), list(wl.dev.prompts))
-    result = run_gate(H.tiny_config(prepared, cand, prompt_nonce=KNOWN_NONCE))
+    result = run_gate(H.tiny_config(prepared, cand))
     assert result.verdict == "fail"
     assert "dev_heldout.consistency" in _failed(result)
     assert not [n for n in _failed(result) if n.startswith("dev.")]

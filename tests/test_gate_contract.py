@@ -161,7 +161,7 @@ def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_
 def test_long_context_workloads_fit_the_model(prepared_dir: Path) -> None:
     model_dir = resolve_model("tiny-qwen3")
     vocab, max_positions = read_model_limits(model_dir)
-    cfg = H.tiny_config(prepared_dir, ENGINE_TEMPLATE, prompt_nonce="5eed")
+    cfg = H.tiny_config(prepared_dir, ENGINE_TEMPLATE)
     wl = load_gate_workloads(cfg, model_dir)
     assert wl.budget.max_seq_len == max_positions == 512  # raised from the short checks' needs to fit them
     assert wl.budget.check_prompt_cap == cfg.max_prompt_tokens  # the existing splits are unchanged
