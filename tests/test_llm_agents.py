@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from seis.agents.llm.cli_agent import REPORT_FILE, CliAgent, parse_changes
 from seis.agents.llm.pricing import price_for
 from seis.agents.llm.prompt import load_template, render_prompt
 from seis.agents.llm.redact import Redactor
+from seis.agents.llm.secrets import find_secrets
 from seis.agents.llm.confine import AgentSandbox
 from seis.agents.llm.tools import TOOL_DEFINITIONS, Toolbox
 from seis.agents.report import SessionBlock, render_report
@@ -308,6 +310,31 @@ def test_redactor_catches_key_shapes_and_env_values():
     text = "a sk-ant-api03-AAAABBBBCCCCDDDD b sk-proj-0123456789abcdefXYZ c tok-abcdefgh123 /root 1"
     assert r.text(text) == "a [REDACTED] b [REDACTED] c [REDACTED] /root 1"
     assert r.value({"k": ["tok-abcdefgh123", 3]}) == {"k": ["[REDACTED]", 3]}
+
+
+def _spelled(key: str, upper: int, lower: int, digit: int) -> str:
+    """key in another Unicode alphabet of letters and digits (fullwidth, mathematical bold, ...)."""
+    return "".join(chr(upper + ord(c) - 65) if c.isupper() else chr(lower + ord(c) - 97) if c.islower()
+                   else chr(digit + ord(c) - 48) if c.isdigit() else c for c in key)
+
+
+@pytest.mark.parametrize("how", ["after_dotted_capital_i", "fullwidth", "mathematical_bold", "key_shape_fullwidth"])
+def test_redaction_covers_a_key_whatever_precedes_it_or_whichever_letters_spell_it(tmp_path, how):
+    """A cli agent holds its key and writes its own report and output. Redaction worked on text.lower(), whose
+    offsets shift after every "İ" (it lowers to two characters): 40 of them before the key put [REDACTED] 40
+    characters past it and left the key in plain text. Fullwidth or mathematical letters spell a key that any
+    reader reads at a glance (NFKC turns them back into it); neither the redactor nor the tree scan saw them."""
+    key = "Zq8Lm3Xv7Tn2Rb6Yp1Wc5Hd9Kf4Gs0Jx"
+    text = {"after_dotted_capital_i": "\u0130" * 40 + " my key: " + key + " and the rest of the report",
+            "fullwidth": "my key: " + _spelled(key, 0xFF21, 0xFF41, 0xFF10) + " (fullwidth)",
+            "mathematical_bold": "my key: " + _spelled(key, 0x1D400, 0x1D41A, 0x1D7CE) + " (bold)",
+            "key_shape_fullwidth": "a key: " + _spelled("sk-ant-api03-AAAABBBBCCCCDDDD", 0xFF21, 0xFF41, 0xFF10)}[how]
+    plain = "sk-ant-api03-AAAABBBBCCCCDDDD" if how == "key_shape_fullwidth" else key
+    out = Redactor(secrets=[key], environ={}).text(text)
+    assert "[REDACTED]" in out and plain.lower() not in unicodedata.normalize("NFKC", out).lower(), out
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "notes.md").write_text(text, encoding="utf-8")
+    assert find_secrets(tmp_path / "tree", [key]), "the tree scan missed the key"
 
 
 # --- prompt and memory ------------------------------------------------------------------------------------------

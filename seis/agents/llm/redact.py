@@ -3,6 +3,7 @@ results sent back to the model, CLI output) goes through a Redactor holding the 
 environment, in plain and encoded forms (secrets.py), plus key-shaped patterns."""
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +21,10 @@ class Redactor:
         if not isinstance(s, str) or not s:
             return s
         s = self._set.redact(s)
+        if not s.isascii():  # a key shape in fullwidth or other compatibility characters: shown in plain letters
+            folded = unicodedata.normalize("NFKC", s)
+            if any(p.search(folded) for p in KEY_PATTERNS):
+                s = folded
         for pattern in KEY_PATTERNS:
             s = pattern.sub(REDACTED, s)
         return s

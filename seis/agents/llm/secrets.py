@@ -8,7 +8,8 @@ retained) holds a key, so that it is not kept.
 A secret is matched in these forms: as is, reversed, hex, base64 (standard and URL-safe, at any alignment
 inside a longer encoding), rot13, and percent-encoded (which reduces to its hex). Matching ignores case and
 every character that is not a letter or a digit, so a key split over lines, quoted in pieces
-(`"sk-" + "abc..."`) or spaced out is still found. For secrets of 20 characters or more, any 16 consecutive
+(`"sk-" + "abc..."`) or spaced out is still found. A character that Unicode's compatibility form (NFKC) makes a
+letter or digit counts as that letter or digit (fullwidth `ｓｋ`, mathematical `𝐬𝐤`, circled `ⓢⓚ`). For secrets of 20 characters or more, any 16 consecutive
 letters and digits of the secret (or of its reverse) count too: a partial key is a leak.
 """
 from __future__ import annotations
@@ -18,7 +19,9 @@ import bisect
 import codecs
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -34,6 +37,10 @@ PARTIAL_FROM = 20      # secrets at least this long (squashed) also match by any
 PARTIAL_LEN = 16
 REDACTED = "[REDACTED]"
 _ALNUM = re.compile(r"[a-z0-9]+")
+# What redaction maps back to the text: runs of ASCII letters and digits, and each non-ASCII character alone (its
+# folded form may be longer or shorter than it; str.lower() of the whole text would shift every offset after an
+# "İ", which lowers to two characters, and [REDACTED] would land beside the key it was meant to cover).
+_CHUNK = re.compile(r"[A-Za-z0-9]+|[^\x00-\x7f]")
 _NOT_ALNUM_B = re.compile(rb"[^a-z0-9]+")
 MAX_SCAN_BYTES = 256 * 2**20   # find_secrets reads at most this much of one file (larger files are reported)
 MAX_SCAN_TOTAL_BYTES = 1 * 2**30  # and this much in all (files past it are reported, not read)
@@ -47,7 +54,15 @@ def secret_values(environ: Mapping[str, str] | None = None, extra: Iterable[str]
     return sorted((v for v in values if len(v) >= MIN_SECRET_LEN), key=len, reverse=True)
 
 
+@lru_cache(maxsize=65536)
+def _fold(c: str) -> str:
+    """The lowercase ASCII letters and digits a non-ASCII character stands for: 'Ｋ' -> 'k', '⑫' -> '12', most -> ''."""
+    return "".join(_ALNUM.findall(unicodedata.normalize("NFKC", c).lower()))
+
+
 def _squash(s: str) -> str:
+    if not s.isascii():
+        s = s.translate({ord(c): _fold(c) for c in set(s) if not c.isascii()})
     return "".join(_ALNUM.findall(s.lower()))
 
 
@@ -104,18 +119,20 @@ class SecretSet:
         """text with every span that spells a secret (in any form above) replaced by [REDACTED]."""
         if self._rx is None or not text:
             return text
-        lower = text.lower()
-        starts, offsets, parts, n = [], [], [], 0   # squashed position -> original position, by chunks
-        for m in _ALNUM.finditer(lower):
-            starts.append(n)
-            offsets.append(m.start())
-            parts.append(m.group())
-            n += len(m.group())
+        starts, offsets, widths, parts, n = [], [], [], [], 0   # squashed position -> original position, by chunks
+        for m in _CHUNK.finditer(text):
+            piece = m.group().lower() if m.group().isascii() else _fold(m.group())
+            if piece:
+                starts.append(n)
+                offsets.append(m.start())
+                widths.append(len(m.group()))
+                parts.append(piece)
+                n += len(piece)
         squashed = "".join(parts)
 
         def orig(pos: int) -> int:
             i = bisect.bisect_right(starts, pos) - 1
-            return offsets[i] + pos - starts[i]
+            return offsets[i] + min(pos - starts[i], widths[i] - 1)  # a folded character covers all it stands for
         spans: list[tuple[int, int]] = []
         pos = 0
         while (m := self._rx.search(squashed, pos)) is not None:
@@ -142,12 +159,17 @@ class SecretSet:
         if self._rx_b is None:
             return None
         m = self._rx_b.search(_NOT_ALNUM_B.sub(b"", data.lower()))
+        if m is None and not data.isascii():  # compatibility forms of letters and digits (fullwidth, ...)
+            m = self._rx.search(_squash(data.decode("utf-8", "replace")))
+            return self.needles[m.group()] if m else None
         return self.needles[m.group().decode()] if m else None
 
 
 def _shapes(data: bytes) -> bool:
     """A key-shaped string with a digit in it (real keys have them; "sk-learn-style-names" do not)."""
     text = data.decode("latin-1")
+    if not data.isascii():  # a shape in fullwidth or other compatibility characters
+        text += "\n" + unicodedata.normalize("NFKC", data.decode("utf-8", "replace"))
     return any(any(c.isdigit() for c in m.group()) for p in KEY_PATTERNS for m in p.finditer(text))
 
 
