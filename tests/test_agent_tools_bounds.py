@@ -217,6 +217,26 @@ def test_huge_files_are_read_capped(tmp_path):
     assert time.monotonic() - t0 < 10
 
 
+def test_no_tool_result_outgrows_its_cap_however_long_the_names_in_the_tree(tmp_path):
+    """The agent's shell names a chain of directories with long names down to the depth cap and, at its bottom,
+    thousands of directories more: list_files noted each as too deep, with its ~3.5 KB path, one 10 MB answer
+    (80 MB at the 20,000 entries a walk looks at), held by the host, redacted, logged and sent to the API every
+    turn; search named the 3.5 KB path in each of its 200 hits. Every tool's result is capped whatever the tool."""
+    root = _workspace(tmp_path)
+    bottom = root / "engine"
+    for i in range(62):  # engine is depth 1: the chain ends at depth 63, whose directories are not entered
+        bottom = bottom / f"{i:02d}{'d' * 48}"
+    bottom.mkdir(parents=True)
+    for i in range(3000):
+        os.mkdir(bottom / f"{i:05d}{'x' * 195}")
+    (bottom.parent / ("f" * 200 + ".py")).write_text("needle\n" * 300)
+    box = Toolbox(root)
+    for name, args in [("list_files", {}), ("search", {"pattern": "needle"})]:
+        out = _call_guarded(box, name, args, limit_s=30)
+        assert not out.is_error and len(out.text) <= tools_mod.MAX_RESULT_CHARS + 100, (name, len(out.text))
+        assert "characters cut" in out.text, (name, len(out.text))
+
+
 def test_ordinary_edits_still_work(tmp_path):
     root = _workspace(tmp_path)
     box = Toolbox(root)

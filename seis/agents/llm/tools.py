@@ -47,6 +47,7 @@ MAX_MATCHES = 200
 MAX_MATCH_CHARS = 300                 # of a matching line, in a search result
 SEARCH_TIMEOUT_S = 10.0               # wall clock of one search's matching (the child is killed after it)
 SEARCH_CHILD_MEMORY = 2**31           # address space of that child
+MAX_RESULT_CHARS = 100_000            # any one tool result (names from a hostile tree can be 4 KiB each)
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,9 @@ class Toolbox:
 
     def call(self, name: str, args: Any) -> ToolOutcome:
         out = self._call(name, args)
-        text = self.redact(out.text)  # a tool result goes to the model: no key in it, in any form
+        # Capped before anything else reads it: it goes into the conversation (sent again every turn), the
+        # transcript and the redactor. Then no key in it, in any form: the model reads it.
+        text = self.redact(truncate(out.text, MAX_RESULT_CHARS))
         return out if text == out.text else ToolOutcome(text, out.is_error, out.finish)
 
     def _call(self, name: str, args: Any) -> ToolOutcome:
