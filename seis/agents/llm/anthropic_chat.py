@@ -3,7 +3,7 @@
 429 / 5xx / 529 (overloaded) with backoff are the SDK's own (max_retries)."""
 from __future__ import annotations
 
-from .conversation import ToolCall, Turn, Usage
+from .conversation import ToolCall, Turn, Usage, usage_count
 from .settings import LLMSettings
 from .tools import TOOL_DEFINITIONS, ToolOutcome
 
@@ -24,15 +24,19 @@ def _param(block) -> dict | None:
 
 def anthropic_usage(u) -> Usage | None:
     """input_tokens excludes cache reads and writes; cache_creation (when present) splits the writes by
-    lifetime (5 minutes at 1.25x, 1 hour at 2x)."""
-    if u is None or getattr(u, "input_tokens", None) is None or getattr(u, "output_tokens", None) is None:
+    lifetime (5 minutes at 1.25x, 1 hour at 2x). None (unknown) when a count is missing or not a whole number >= 0."""
+    if u is None:
         return None
-    writes = getattr(u, "cache_creation_input_tokens", None) or 0
     split = getattr(u, "cache_creation", None)
-    w1h = (getattr(split, "ephemeral_1h_input_tokens", None) or 0) if split is not None else 0
+    counts = (usage_count(getattr(u, "input_tokens", None)), usage_count(getattr(u, "output_tokens", None)),
+              usage_count(getattr(u, "cache_read_input_tokens", None) or 0),
+              usage_count(getattr(u, "cache_creation_input_tokens", None) or 0),
+              usage_count((getattr(split, "ephemeral_1h_input_tokens", None) or 0) if split is not None else 0))
+    if None in counts:
+        return None
+    inp, out, reads, writes, w1h = counts
     w1h = min(w1h, writes)
-    return Usage(u.input_tokens, u.output_tokens, getattr(u, "cache_read_input_tokens", None) or 0,
-                 writes - w1h, w1h)
+    return Usage(inp, out, reads, writes - w1h, w1h)
 
 
 class AnthropicConversation:

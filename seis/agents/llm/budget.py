@@ -71,7 +71,7 @@ class Meter:
         """Why no further API call may be made, or None."""
         if self.unknown_usage and (self.max_tokens is not None or self.max_cost_usd is not None):
             return (f"token usage unknown: {self.unknown_usage} API repl{'y' if self.unknown_usage == 1 else 'ies'} "
-                    "carried no usage, so the token / cost budget cannot be enforced")
+                    "carried no usage (or a count below 0, NaN or infinite), so the token / cost budget cannot be enforced")
         if self.max_turns is not None and self.turns >= self.max_turns:
             return f"turn budget spent ({self.turns} of {self.max_turns} turns)"
         if self.max_tokens is not None and self.max_tokens - self.tokens < MIN_OUTPUT_TOKENS:

@@ -2,6 +2,7 @@
 results back). Each backend keeps the history in its own API's message format."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,6 +31,14 @@ class Usage:
     def tokens_in(self) -> int:
         """Every input token the model processed (what a token budget counts)."""
         return self.input + self.cache_read + self.cache_write + self.cache_write_1h
+
+
+def usage_count(v: object) -> int | None:
+    """A token count as a reply states it, or None unless it is a whole number >= 0: a negative, NaN or infinite
+    count fed to the meter would lower or poison what was spent, and the budget would never be reached."""
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,24 @@ SDK: chat completions with function calling. The client reads OPENAI_API_KEY and
 settings.base_url overrides the URL. Retries with backoff are the SDK's own (max_retries)."""
 from __future__ import annotations
 
-from .conversation import ToolCall, Turn, Usage
+from .conversation import ToolCall, Turn, Usage, usage_count
 from .settings import LLMSettings
 from .tools import TOOL_DEFINITIONS, ToolOutcome, parse_arguments
 
 
 def openai_usage(u) -> Usage | None:
-    """prompt_tokens includes prompt_tokens_details.cached_tokens (billed at the cached price)."""
-    if u is None or getattr(u, "prompt_tokens", None) is None or getattr(u, "completion_tokens", None) is None:
+    """prompt_tokens includes prompt_tokens_details.cached_tokens (billed at the cached price). None (unknown) when
+    a count is missing or not a whole number >= 0."""
+    if u is None:
         return None
     details = getattr(u, "prompt_tokens_details", None)
-    cached = min((getattr(details, "cached_tokens", None) or 0) if details is not None else 0, u.prompt_tokens)
-    return Usage(u.prompt_tokens - cached, u.completion_tokens, cached)
+    prompt, completion, cached = (usage_count(getattr(u, "prompt_tokens", None)),
+                                  usage_count(getattr(u, "completion_tokens", None)),
+                                  usage_count((getattr(details, "cached_tokens", None) or 0) if details is not None else 0))
+    if prompt is None or completion is None or cached is None:
+        return None
+    cached = min(cached, prompt)
+    return Usage(prompt - cached, completion, cached)
 
 
 class OpenAIConversation:
