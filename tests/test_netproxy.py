@@ -216,3 +216,18 @@ def test_an_allowed_http_endpoint_works_and_a_silent_tunnel_is_closed(proxies):
         http.shutdown()
         http.server_close()
         silent.close()
+
+
+@pytest.mark.parametrize("target", ["http://api.example.com:xyz/v1", "http://[::1/v1", "http://api.example.com:99999/"])
+def test_a_malformed_absolute_url_is_refused_and_raises_nothing_in_the_proxy(proxies, monkeypatch, target):
+    """An absolute-form target whose port is no number or out of range, or whose [IPv6] literal is broken, raised
+    ValueError out of the proxy's handler thread: the client got no answer, the refusal was not counted, and every
+    such request printed a traceback on the orchestrator's stderr (a log an agent could fill at thousands of
+    requests a second). It is refused like any endpoint not allowed."""
+    escaped: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args.exc_value))
+    proxy = proxies(["api.example.com:443"])
+    reply = _ask(proxy, f"GET {target} HTTP/1.1\r\nHost: api.example.com\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.1 403 "), reply
+    assert _wait(lambda: proxy.active == 0) and not escaped, escaped
+    assert proxy.refused == [f"GET {target}"] and proxy.passed == []

@@ -201,8 +201,13 @@ class ApiProxy:
             where = target.lower()
             first = b""
         elif target.lower().startswith("http://"):
-            parts = urlsplit(target)
-            where = f"{(parts.hostname or '').lower()}:{parts.port or 80}"
+            try:
+                parts = urlsplit(target)
+                where = f"{(parts.hostname or '').lower()}:{parts.port or 80}"
+            except ValueError:  # a port that is no number or out of range, a broken [IPv6]: no endpoint at all
+                _note(self.refused, f"{method} {target}")
+                _send_quietly(conn, FORBIDDEN)
+                return
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             headers = [h for h in lines[1:] if not h.lower().startswith(("proxy-", "connection:"))]
             first = "\r\n".join([f"{method} {path} {version}", *headers, "Connection: close"]).encode(
