@@ -45,7 +45,9 @@ MAX_REPORT_BYTES = 1 * 2**20
 _WRAPPER = (START_FORWARDER + 'if [ -f /seis/env.sh ]; then set -a; . /seis/env.sh; set +a; fi; '
             'exec bash -c "$1"')
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CHANGES = re.compile(r"^\s*CHANGES:\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
+# Linear in the report: no part of it can match across a line end (`^\s*` could, and 1 MiB of newlines took it
+# O(n^2) steps, about 40 minutes in re's C code holding the GIL: every thread of the orchestrator stood still).
+_CHANGES = re.compile(r"^[ \t]*CHANGES:(.*)$\n?", re.IGNORECASE | re.MULTILINE)
 
 
 def parse_changes(report: str) -> tuple[tuple[str, ...], str]:
