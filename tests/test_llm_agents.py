@@ -409,7 +409,7 @@ def test_cli_agent_failures_end_cleanly(tmp_path, monkeypatch):
     assert parse_changes("text\nCHANGES: none\n") == ((), "text\n")
 
 
-_BLANK_REPORT = r"""
+_HOSTILE_REPORT = r"""
 import json, sys, time
 from pathlib import Path
 from seis.agents import SessionContext
@@ -418,21 +418,23 @@ from seis.agents.llm.cli_agent import CliAgent
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.workspace import prepare_workspace
 ws = prepare_workspace(ENGINE_TEMPLATE, Path(sys.argv[1]) / "session" / "workspace", [], [])
-command = "head -c 1048000 /dev/zero | tr '\\0' '\\n' > SESSION_REPORT.md; echo 'All done.' >> SESSION_REPORT.md"
+command = f"head -c 1048000 /dev/zero | tr '\\0' '{sys.argv[2]}' > SESSION_REPORT.md; echo 'All done.' >> SESSION_REPORT.md"
 t0 = time.monotonic()
 result = CliAgent(LLMSettings("cli", command=command)).edit(ws, SessionContext("c0", 0))
 print(json.dumps({"elapsed": time.monotonic() - t0, "status": result.status, "report": result.report_markdown}))
 """
 
 
-def test_a_report_of_blank_lines_cannot_freeze_the_orchestrator(tmp_path):
-    """A cli agent writes a report of 1 MiB of newlines. `^\\s*CHANGES:` tried at every line start ran over all
-    the newlines after it: O(n^2) steps, about 40 minutes inside re's C code, which holds the GIL, so every thread
-    of the orchestrator (other sessions, their watches, the API proxy) stood still. A child process runs the
-    session, so that a regression fails here instead of freezing the test run."""
+@pytest.mark.parametrize("fill", ["\\n", "`", "~"], ids=["newlines", "backticks", "tildes"])
+def test_a_report_of_one_repeated_character_cannot_freeze_the_orchestrator(tmp_path, fill):
+    """A cli agent writes a report of 1 MiB of one character. On newlines, `^\\s*CHANGES:` tried at every line
+    start ran over all the newlines after it; on backticks or tildes, the report's fence pattern, tried at every
+    character of the run, scanned the rest of it. O(n^2) steps either way, 40 minutes to hours inside re's C code,
+    which holds the GIL: every thread of the orchestrator (other sessions, their watches, the API proxy) stood
+    still. A child process runs the session, so that a regression fails here instead of freezing the test run."""
     try:
-        done = subprocess.run([sys.executable, "-c", _BLANK_REPORT, str(tmp_path)], capture_output=True, text=True,
-                              timeout=90, cwd=Path(__file__).resolve().parents[1])
+        done = subprocess.run([sys.executable, "-c", _HOSTILE_REPORT, str(tmp_path), fill], capture_output=True,
+                              text=True, timeout=90, cwd=Path(__file__).resolve().parents[1])
     except subprocess.TimeoutExpired:
         pytest.fail("reading the cli agent's report froze its process: no result after 90 s")
     assert done.returncode == 0, done.stderr[-2000:]
