@@ -33,12 +33,17 @@ class Usage:
         return self.input + self.cache_read + self.cache_write + self.cache_write_1h
 
 
+MAX_USAGE_COUNT = 10**9  # tokens in one reply's count: far past any context window
+
+
 def usage_count(v: object) -> int | None:
-    """A token count as a reply states it, or None unless it is a whole number >= 0: a negative, NaN or infinite
-    count fed to the meter would lower or poison what was spent, and the budget would never be reached."""
+    """A token count as a reply states it, or None unless it is a whole number from 0 to MAX_USAGE_COUNT: a
+    negative, NaN or infinite count fed to the meter would lower or poison what was spent, and the budget would
+    never be reached; a 400-digit one made the cost overflow and went on, as the session's token count, into its
+    records."""
     if isinstance(v, float) and math.isfinite(v) and v.is_integer():
         v = int(v)
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_USAGE_COUNT else None
 
 
 @dataclass(frozen=True)
