@@ -456,6 +456,19 @@ def test_bad_workspace_is_cleaned_and_rejected(tmp_path):
     assert sanitize_workspace(ws.root) == []
 
 
+def test_problem_lines_stay_short_however_long_the_link_targets(tmp_path):
+    """The agent leaves links whose targets are 4,000 control characters: the cleanup kept one problem line per
+    link with its target escaped in full, 16 KB each (1.6 GB of lines, and minutes of escaping, for the 100,000
+    entries a workspace may hold). A line shows at most a bounded part of a name or target."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    for i in range(300):
+        os.symlink("\x01" * 4000, root / f"link{i}")
+    problems = sanitize_workspace(root)
+    assert len(problems) == 300 and not os.listdir(root)
+    assert max(map(len, problems)) < 1200 and problems[0].startswith("link0: a symlink to \\x01"), problems[0][:80]
+
+
 def test_secret_scan_finds_encoded_keys(tmp_path):
     tree = tmp_path / "tree"
     (tree / "a").mkdir(parents=True)

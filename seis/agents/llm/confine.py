@@ -407,9 +407,15 @@ def _too_long(rel: str) -> str | None:
     return None
 
 
+MAX_SHOWN_CHARS = 200  # of a name or link target in a problem line
+
+
 def _printable(s: str) -> str:
     """A name from the agent's tree as a problem line shows it (to agents, in reports and on the operator's
     terminal): control and bidi characters as escapes (tables.printable), so a name cannot clear a screen or
-    rewrite a line."""
+    rewrite a line; at most MAX_SHOWN_CHARS of it, since one line is kept per problem and a tree may hold 100,000
+    links whose 4 KiB targets of control characters each escaped to 16 KB (1.6 GB of lines, minutes of escaping)."""
     from ...tables import printable
-    return printable(s, multiline=False) if isinstance(s, str) else repr(s)
+    if not isinstance(s, str):
+        return repr(s)[:MAX_SHOWN_CHARS]
+    return printable(s[:MAX_SHOWN_CHARS], multiline=False) + ("..." if len(s) > MAX_SHOWN_CHARS else "")
