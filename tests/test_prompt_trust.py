@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from seis.agents import SessionContext, lineage, parse_session_block, render_report, stamp_verdict
 from seis.agents.llm.prompt import load_template, render_prompt
@@ -103,6 +108,31 @@ def test_neutralise_leaves_no_block_opening_or_marker():
         safe = neutralise(text)
         assert not re.search(r"[`~]{3,}[ \t]*seis-session", safe, re.IGNORECASE)
         assert not re.search(r"<!--\s*seis:", safe, re.IGNORECASE) and neutralise(safe) == safe
+
+
+_NEUTRALISE_RUNS = """
+import sys, time
+from seis.agents.report import neutralise
+t0 = time.monotonic()
+for text in ("`" * 2**20, "~" * 2**19 + "`" * 2**19, "`" * 2**19 + " \t" * 2**18 + "seis-sessio"):
+    assert "agent-quoted" not in neutralise(text)
+assert neutralise("x" + "~" * 2**19 + "seis-session").count("agent-quoted-") == 1
+print(time.monotonic() - t0)
+"""
+
+
+def test_neutralise_is_linear_in_runs_of_fence_characters():
+    """Every report and lesson an agent writes goes through neutralise(). Its fence pattern, tried at every
+    character of a 1 MiB run of backticks, scanned the rest of the run each time: hours inside re's C code, which
+    holds the GIL, so every thread of the orchestrator stood still. A child runs it, so a regression fails here
+    instead of freezing the test run."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _NEUTRALISE_RUNS], capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).resolve().parents[1])
+    except subprocess.TimeoutExpired:
+        pytest.fail("neutralise() on 1 MiB runs of fence characters gave no result after 60 s")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout) < 10
 
 
 def test_history_shows_forgery_only_inside_its_block_with_the_recorded_verdict(tmp_path):

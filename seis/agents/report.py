@@ -31,7 +31,9 @@ _BLOCK = re.compile(r"```" + BLOCK_LANG + r"[ \t]*\n(.*?)\n```", re.DOTALL)
 # What agent text must not carry: a fence opening a seis-session block (any fence, any case, spaces allowed: the
 # last block wins in parse_session_block) and a harness marker comment (stamp_verdict and split_report find the
 # gate's table by it).
-_AGENT_FENCE = re.compile(r"([`~]{3,}[ \t]*)(?=" + BLOCK_LANG + ")", re.IGNORECASE)
+# Tried only where a run of fence characters starts, and without backtracking into it (possessive): tried at every
+# character of a run it scanned the rest of it, O(n^2) steps, hours for 1 MiB of backticks inside re's C code.
+_AGENT_FENCE = re.compile(r"(?<![`~])([`~]{3,}+[ \t]*+)(?=" + BLOCK_LANG + ")", re.IGNORECASE)
 _AGENT_MARKER = re.compile(r"<!--(?=\s*seis:)", re.IGNORECASE)
 
 

@@ -11,11 +11,6 @@ from .redact import Redactor
 
 DEFAULT_CHANGE = "llm-edit"  # the change name when the agent changed the tree but named nothing
 _FOREIGN_BLOCK = re.compile(r"```" + BLOCK_LANG + r".*?```", re.DOTALL)
-# A run of fence characters in agent text is cut to MAX_FENCE: the report's neutralise() tries its fence pattern
-# at every character of a run and scans the rest of it, so 1 MiB of backticks took O(n^2) steps (hours) in re's C
-# code, holding the GIL. No markdown fence needs more.
-MAX_FENCE = 64
-_LONG_FENCE = re.compile("[`~]{%d,}" % (MAX_FENCE + 1))
 
 
 @dataclass(frozen=True)
@@ -33,10 +28,6 @@ def status_for(changed: bool, end: SessionEnd) -> Status:
     if changed:
         return "edited"
     return "no_change" if end.finished else "failed"
-
-
-def _cut_fences(text: str) -> str:
-    return _LONG_FENCE.sub(lambda m: m.group()[:MAX_FENCE], text)
 
 
 def _demote(markdown: str) -> str:
@@ -61,10 +52,10 @@ def build_result(agent: str, context: SessionContext, changed: bool, end: Sessio
     if rejected:
         summary = f"**SEIS rejected this session: {rejected}.**\n\n{summary}"
     changes = list(applied)
-    lessons = [_cut_fences(x) for x in end.lessons]
+    lessons = list(end.lessons)
     if end.changes and not changed:
         lessons.append("The agent named changes (" + ", ".join(end.changes) + ") but the engine tree is unchanged.")
-    report = render_report(block, _cut_fences(summary), changes, lessons)
+    report = render_report(block, summary, changes, lessons)
     return AgentResult(agent=agent, status=status, report_markdown=redactor.text(report),
                        notes=redactor.text(notes), applied=tuple(applied), attempted=tuple(applied), model=model,
                        tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=round(cost_usd, 6),
