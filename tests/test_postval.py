@@ -267,8 +267,8 @@ def test_e0_copy_against_vanilla_has_zero_delta_and_speedup_near_one(tiny_runs):
     assert (fixed["single"].requests, fixed["batch"].requests) == (TINY["fixed_single_requests"], TINY["speed_requests"])
     assert r.bandwidth.source.startswith("measured") and r.bandwidth.bytes_per_s > 0
     assert not r.energy_available and "unavailable" in r.energy_note
-    assert r.context_tokens == 512 and r.device == "cpu"
-    assert not r.timed_flagged and not r.flags
+    assert r.context_tokens == r.vanilla_context_tokens == 512 and r.device == "cpu"
+    assert not r.timed_flagged and not r.context_flagged and not r.flags
     # The speed phase ran on fresh processes: both phases' builds are measured, the extra one is noted.
     for info in r.engines.values():
         assert set(info.build_s) == {"accuracy", "speed"} and all(v > 0 for v in info.build_s.values())
@@ -696,6 +696,26 @@ def test_a_fast_broken_single_request_path_is_flagged(tmp_path, prepared_dir):
     df = pd.read_parquet(out / "speed.parquet")
     assert set(df[df["timed_flag"]]["mode"]) == {"single"}
     assert json.loads((out / "metrics.json").read_text())["timed_flagged"] == 1
+
+
+SHORT_CONTEXT = """
+_adv_stats_ctx = Engine.stats
+Engine.stats = lambda self: {**_adv_stats_ctx(self), "max_seq_len": 1}
+"""
+
+
+def test_a_candidate_that_says_it_serves_a_tiny_context_is_flagged_not_waved_through(tmp_path, prepared_dir):
+    """The candidate's stats are its word: one that says it serves 1 token of context (and serves everything) made
+    every prompt too long for both engines, so nothing was measured and nothing was flagged."""
+    cand = hostile(tmp_path / "short", SHORT_CONTEXT)
+    r = run_post_validation(make_config(engine_dir=cand, out_dir=tmp_path / "out", prepared_dir=prepared_dir,
+                                        **dict(HOSTILE, bandwidth_gbs=10.0)))
+    assert r.context_tokens == 1 and r.vanilla_context_tokens == 512 and r.context_flagged
+    assert r.flags and "1 tokens" in r.flags[0] and "vanilla 512" in r.flags[0]
+    out = Path(r.config.out_dir)
+    for table in ("accuracy.md", "speed.md", "workload.md", "latency.md"):
+        assert "measured on neither engine" in (out / table).read_text(), table
+    assert json.loads((out / "postval.json").read_text())["flags"] == r.flags
 
 
 # ---- bad input ------------------------------------------------------------------------------------------------

@@ -166,6 +166,8 @@ class PostValResult(_Model):
     started_at: str
     wall_s: float
     context_tokens: int  # what both engines can serve (min of their max_seq_len)
+    # vanilla's own max_seq_len (trusted): above context_tokens, the candidate's word cut what was measured (a flag)
+    vanilla_context_tokens: int = 0
     engines: dict[str, EngineInfo]
     device: str
     accuracy: list[AccuracySummary]
@@ -175,12 +177,18 @@ class PostValResult(_Model):
     bandwidth: BandwidthInfo | None
     energy_available: bool
     energy_note: str
-    flags: list[str]  # human-readable flags: accuracy beyond ±flag_points, then timed outputs unlike vanilla's
+    flags: list[str]  # human-readable flags: a context the candidate cut, accuracy beyond ±flag_points, then timed
+    # outputs unlike vanilla's
     notes: list[str]  # skips, remapped ids, anything a reader must know
     items: list[ItemOutcome]
     prompt_pools: list[PromptPool] = []  # where the speed phase's timed prompts came from
     prompt_nonce: str = ""  # in every timed GSM8K prompt
     files: dict[str, str] = {}
+
+    @property
+    def context_flagged(self) -> bool:
+        """The candidate said it serves a shorter context than vanilla (its stats: its word, nothing more)."""
+        return self.context_tokens < self.vanilla_context_tokens
 
     @property
     def accuracy_flagged(self) -> bool:
@@ -193,3 +201,10 @@ class PostValResult(_Model):
 
     def accuracy_of(self, task: str) -> AccuracySummary | None:
         return next((a for a in self.accuracy if a.task == task), None)
+
+
+def context_flag(context: int, vanilla_context: int) -> str:
+    """The flag of a run whose context the candidate's own max_seq_len cut below vanilla's: a candidate may say it
+    serves 1 token, and every prompt would be skipped on both engines, with nothing else to flag."""
+    return (f"the candidate says it serves a context of {context} tokens, vanilla {vanilla_context}: every prompt "
+            f"longer than {context} tokens was measured on neither engine")

@@ -48,6 +48,7 @@ from .result import (
     ItemOutcome,
     PostValResult,
     SpeedComparison,
+    context_flag,
 )
 from .speed import BoundFn, TimedRules, VanillaScorer, alone, compare, judge_timed, measure_pair, timed_rules, warm_up
 
@@ -125,6 +126,7 @@ class _Gathered:
     info: dict[EngineName, EngineInfo] = field(init=False)
     device: str = field(init=False)  # the configured one until vanilla reports its own
     contexts: list[int] = field(default_factory=list)  # each phase's context: the smaller engine's max_seq_len
+    vanilla_contexts: list[int] = field(default_factory=list)  # each phase's: vanilla's alone (trusted)
     items: list[ItemOutcome] = field(default_factory=list)
     accuracy: list[AccuracySummary] = field(default_factory=list)
     buckets: list = field(default_factory=list)
@@ -153,6 +155,7 @@ class _Gathered:
         stats = {n: _stats_of(built[n]) for n in ENGINES}
         context = min(_int_stat(stats[n], "max_seq_len", self.opts["max_seq_len"]) for n in ENGINES)
         self.contexts.append(context)
+        self.vanilla_contexts.append(_int_stat(stats["vanilla"], "max_seq_len", self.opts["max_seq_len"]))
         if len(self.contexts) == 1:
             self.device = str(stats["vanilla"].get("device", c.device))
             if self.device == "cpu" and c.cpu_threads is None:
@@ -259,6 +262,7 @@ def _assemble(plan: Plan, run: _Gathered) -> PostValResult:
     """The result: what the phases gathered, the notes only the whole run can tell, and the flags."""
     c = plan.config
     context = min(run.contexts) if run.contexts else plan.context
+    vanilla_context = min(run.vanilla_contexts) if run.vanilla_contexts else context
     meter = run.meter or EnergyMeter(run.device)
     notes = run.notes
     if any(plan.vocab_size <= t for s in plan.shapes for t in s.token_ids):
@@ -272,14 +276,17 @@ def _assemble(plan: Plan, run: _Gathered) -> PostValResult:
         wall_s=time.perf_counter() - run.t0, context_tokens=context, engines=run.info, device=run.device,
         accuracy=run.accuracy, retrieval_buckets=run.buckets, speed=run.speed, workloads=run.workloads,
         bandwidth=run.bandwidth, energy_available=meter.available, energy_note=meter.note,
-        flags=_flags(c, run.accuracy, run.speed + run.workloads), notes=notes, items=run.items,
-        prompt_pools=run.pools, prompt_nonce=plan.prompt_nonce)
+        flags=_flags(c, run.accuracy, run.speed + run.workloads, context, vanilla_context), notes=notes,
+        items=run.items, prompt_pools=run.pools, prompt_nonce=plan.prompt_nonce, vanilla_context_tokens=vanilla_context)
 
 
-def _flags(c: PostValConfig, accuracy: list[AccuracySummary], comps: list[SpeedComparison]) -> list[str]:
-    """Why a reader should not take the result at face value: accuracy beyond the threshold, untrustworthy speed."""
-    flags = [f"{a.task}: candidate {a.candidate_acc:.1f}% vs vanilla {a.vanilla_acc:.1f}% "
-             f"({a.delta_points:+.1f} points, beyond ±{c.flag_points:g})" for a in accuracy if a.flagged]
+def _flags(c: PostValConfig, accuracy: list[AccuracySummary], comps: list[SpeedComparison], context: int,
+           vanilla_context: int) -> list[str]:
+    """Why a reader should not take the result at face value: a context the candidate's word cut below vanilla's,
+    accuracy beyond the threshold, untrustworthy speed."""
+    flags = [context_flag(context, vanilla_context)] if context < vanilla_context else []
+    flags += [f"{a.task}: candidate {a.candidate_acc:.1f}% vs vanilla {a.vanilla_acc:.1f}% "
+              f"({a.delta_points:+.1f} points, beyond ±{c.flag_points:g})" for a in accuracy if a.flagged]
     flags += [f"{comp.workload}/{comp.mode}: the candidate's timed outputs disagree with vanilla's "
               f"({'; '.join(comp.timed.reasons)}): its speed figure is not trustworthy"
               for comp in comps if comp.timed_flagged]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import tables
-from .result import PostValResult, SpeedComparison, Spread
+from .result import PostValResult, SpeedComparison, Spread, context_flag
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,13 +32,16 @@ def _num(v: float | None, digits: int = 1, signed: bool = False) -> str:
 
 
 def accuracy_status(result: PostValResult) -> str:
-    """One line: every accuracy delta, and whether any is outside the flag threshold."""
+    """One line: every accuracy delta, and whether any is outside the flag threshold; before it, a line flagging a
+    context the candidate's word cut below vanilla's."""
     t = result.config.flag_points
     parts = [f"{a.task} {_num(a.delta_points, 1, True)} pts" for a in result.accuracy]
     body = ", ".join(parts) if parts else "not measured"
+    cut = (f"{FLAG} **{context_flag(result.context_tokens, result.vanilla_context_tokens)}**\n"
+           if result.context_flagged else "")
     if result.accuracy_flagged:
-        return f"{FLAG} **Accuracy differs from vanilla beyond ±{t:g} points** ({body})."
-    return f"Accuracy vs vanilla within ±{t:g} points ({body})."
+        return f"{cut}{FLAG} **Accuracy differs from vanilla beyond ±{t:g} points** ({body})."
+    return f"{cut}Accuracy vs vanilla within ±{t:g} points ({body})."
 
 
 def timed_status(result: PostValResult) -> str:
