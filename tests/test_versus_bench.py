@@ -132,3 +132,42 @@ def test_progress_names_each_systems_warm_up_time(capsys):
     versus.measure({"E0": _Recording(), "slow": Slow()}, {("random", 1): [[[5]]] * 2}, new_tokens=2, reps=1)
     err = capsys.readouterr().err
     assert "random at batch 1: E0 warmed up in 0 s" in err and "random at batch 1: slow warmed up in 1 s" in err
+
+
+# An engine whose build fails with a message of escape sequences: a clipboard write (OSC 52), a screen clear and a
+# line rewritten into a forged result.
+FORGED_FAILURE = '''
+def _adv_build(self):
+    raise RuntimeError("\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J\\rE0 x1.00  candidate x9.99 \\u202e")
+
+
+Engine.build = _adv_build
+'''
+
+
+def _failing_engine(dest):
+    import shutil
+
+    from seis.engine_import import ENGINE_TEMPLATE
+    shutil.copytree(ENGINE_TEMPLATE, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    init = dest / "engine" / "__init__.py"
+    init.write_text(init.read_text() + FORGED_FAILURE)
+    return dest
+
+
+@pytest.mark.parametrize("bench", ["versus", "ladder"])
+def test_an_engines_failure_reaches_the_terminal_as_printable_text(bench, tmp_path):
+    """versus and ladder take engine trees from elsewhere (--engine, --snapshot: a run's retained engine, an agent's):
+    what its failure says ended the run raw, escape sequences and all, in a SystemExit or a traceback."""
+    import subprocess
+    import sys
+
+    tree = _failing_engine(tmp_path / "bad")
+    args = ["--model", "tiny-qwen3", "--engine", f"bad={tree}", "--new-tokens", "2", "--prompt-len", "4"]
+    args += ["--batches", "1", "--minisgl", "off", "--no-gsm8k", "--device", "cpu"] if bench == "versus" else \
+        ["--reps", "1"]
+    done = subprocess.run([sys.executable, "-m", f"seis.benchmarks.{bench}", *args], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode != 0
+    assert "ZXZpbA==" in done.stderr and "\\x1b]52" in done.stderr  # said, as visible escapes
+    assert not any(c in done.stderr for c in "\x1b\x07\r\u202e")

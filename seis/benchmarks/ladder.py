@@ -25,6 +25,7 @@ from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
 from ..stats import fmt_range, summarize
+from . import engine_failures_shown
 from .provenance import source_commit
 
 
@@ -142,8 +143,10 @@ def _time_engines(args: argparse.Namespace, model_dir: Path, calls: list[list[li
         tokens[name].extend(outs)
         return tok_per_s
 
-    # scratch_dir: engines write into their caches; what they leave is removed without following links or recursing
-    with scratch_dir("seis-ladder-") as tmp, scratch_dir("seis-ladder-cache-") as cache, ExitStack() as held:
+    # scratch_dir: engines write into their caches; what they leave is removed without following links or recursing.
+    # An engine's failure ends the run with its message made printable (an --engine tree may be an agent's).
+    with scratch_dir("seis-ladder-") as tmp, scratch_dir("seis-ladder-cache-") as cache, ExitStack() as held, \
+            engine_failures_shown():
         # JIT caches (engine_host.jit_cache): E0 keeps the machine's cache for its tree, as vanilla does in the gate;
         # every other engine gets its own copy, made once E0 has warmed up, so kernels E0 compiled are not compiled
         # again (each sandbox runs as its own user, and no engine may write another's cache).

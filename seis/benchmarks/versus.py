@@ -36,6 +36,8 @@ from pathlib import Path
 
 from .. import tables
 from ..stats import summarize
+from ..tables import printable
+from . import engine_failures_shown
 
 VANILLA = "vanilla mini-sglang"
 
@@ -211,7 +213,7 @@ def _call(systems: dict, name: str, prompts: list[list[int]], new_tokens: int, s
     try:
         return systems[name].generate(prompts, new_tokens, stop)
     except (TimeoutError, RuntimeError) as exc:  # a hung or dead system (EngineError too) ends the run, named
-        raise SystemExit(f"{name} failed on {where}: {exc}") from exc
+        raise SystemExit(f"{name} failed on {where}: {printable(str(exc))}") from exc  # it may quote an engine
 
 
 def measure(systems: dict, calls: dict, new_tokens: int, reps: int) -> dict[tuple[str, int], dict[str, Measured]]:
@@ -348,7 +350,8 @@ def main(argv: list[str] | None = None) -> dict:
     calls = workloads(model_dir, batches, args.reps, args.prompt_len, not args.no_gsm8k)
     options = {"device": args.device, "max_batch_size": max(batches), "max_seq_len": 2048}
     systems: dict = {}
-    with scratch_dir("seis-versus-") as tmp, ExitStack() as held:  # engines write their caches under tmp
+    # engines write their caches under tmp; an engine's failure ends the run with its message made printable
+    with scratch_dir("seis-versus-") as tmp, ExitStack() as held, engine_failures_shown():
         trees = engine_trees(stacks, labelled, args.snapshot, args.store, tmp)
         shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), tmp / "cache-E0"))
         # each candidate's cache is a copy of E0's as it stands before anything builds (E0 writes into its own)
