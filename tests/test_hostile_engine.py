@@ -125,3 +125,45 @@ def test_an_engines_stats_are_kept_flat_and_small_whatever_it_replies(tmp_path):
         assert kept["device"] == "cpu" and kept["max_seq_len"] == 64 and kept["decode_steps"] == 0
         assert not {"deep", "blob", "map", "nan", "huge"} & set(kept)
         assert len(to_json(kept)) < 4096  # and pydantic writes it (nesting past 255 levels fails there)
+
+
+def test_an_engines_replies_are_kept_only_to_what_their_requests_can_be_judged_by(tmp_path):
+    """The gate and post-validation keep every timed output of every repetition until it is judged, in the host's
+    memory. An engine answering each request with 300,000 ids, a finish reason as long, extra outputs and extra
+    keys (a reply line may hold 64 MiB, tens of millions of ids) kept them all; and each score position with
+    thousands of candidates. The host keeps one past what was asked: an overrun still shows."""
+    tree = copy_engine(tmp_path / "engine_dir")
+    init = tree / "engine" / "__init__.py"
+    init.write_text(init.read_text() + textwrap.dedent("""
+        from dataclasses import dataclass
+        @dataclass
+        class _Flood:
+            token_ids: list
+            finish_reason: str
+            extra: str = "x" * 100_000
+        @dataclass
+        class _FloodScore:
+            token_logprobs: list
+            top_ids: list
+            top_logprobs: list
+            extra: str = "x" * 100_000
+        def _generate(self, prompts, params):
+            return ([_Flood([7] * 300_000, "stop" + "\x1b[2J" * 100_000) for _ in prompts]
+                    + [_Flood([7], "stop", "") for _ in range(500)])
+        def _score(self, prompts, continuations, top_k=5):
+            return ([_FloodScore([-1.0] * 100_000, [list(range(5_000))] * 3, [[-1.0] * 5_000] * 3) for _ in prompts]
+                    + [_FloodScore([-1.0], [[1]], [[-1.0]], "") for _ in range(500)])
+        Engine.generate, Engine.score = _generate, _score
+        """))
+    from seis.engine_host.client import Sampling
+    with EngineProcess(tree, resolve_model("tiny-qwen3"), OPTIONS, timeout_s=60) as eng:
+        eng.build()
+        outs = eng.generate([[1, 2], [3]], [Sampling(max_new_tokens=4), Sampling(max_new_tokens=9)])
+        scores = eng.score([[1, 2], [3]], [[4, 5], [6]], top_k=2)
+    assert [len(o["token_ids"]) for o in outs] == [5, 10, 1]
+    assert [o["finish_reason"] for o in outs] == ["stop" + "\x1b[2J" * 3] * 2 + ["stop"]
+    assert all(set(o) == {"token_ids", "finish_reason"} for o in outs)
+    assert [len(s["token_logprobs"]) for s in scores] == [3, 2, 1]
+    assert [len(s["top_ids"]) for s in scores] == [3, 2, 1]
+    assert all(len(row) == 3 for s in scores[:2] for row in s["top_ids"] + s["top_logprobs"])
+    assert all("extra" not in s for s in scores)

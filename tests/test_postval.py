@@ -518,30 +518,6 @@ def test_warm_ups_run_on_every_cpu_and_only_the_timed_sets_share_one(engine_pid)
     assert os.sched_getaffinity(engine_pid) == everywhere
 
 
-def test_timed_replies_are_kept_only_to_what_the_checks_need():
-    """Every output of every repetition of a set is kept until the set is judged: a candidate answering each timed
-    request with a 64 MiB line (33 million token ids, a 256 MB list, and a finish reason as long) held hundreds of
-    them at once in the host's memory, and its finish reason went whole into the checks' details and postval.json."""
-    from seis.engine_host.client import Sampling
-    from seis.postval.bandwidth import EnergyMeter
-
-    class Flooding(_Engine):
-        def generate(self, prompts, sampling):
-            return [{"token_ids": [p[0]] * 200_000, "finish_reason": "stop" + "\x1b[2J" * 100_000} for p in prompts]
-
-    log: list = []
-    engines = {"candidate": Flooding(log, "candidate"), "vanilla": _Engine(log, "vanilla")}
-    engines["candidate"].other, engines["vanilla"].other = engines["vanilla"], engines["candidate"]
-    for mode in ("single", "batch"):
-        timings = measure_pair(engines, [[[1], [2]], [[3], [4]]], Sampling(max_new_tokens=4), mode,
-                               EnergyMeter("cpu"))
-        cand = timings["candidate"]
-        assert all(len(o) == 5 for t in cand for o in t.outputs)  # one past the limit: still over it
-        assert all(len(f) <= 16 for t in cand for f in t.finish)
-        assert [t.tokens for t in cand] == [8, 8]
-        assert timed_check(cand, timings["vanilla"], 4, []).over_length == 4
-
-
 def test_each_timed_pass_starts_on_an_idle_gpu():
     """A frozen engine's queued kernels still run: every pass waits for the GPU first (after the other engine is
     frozen), and passes that began on a GPU still busy after the wait's limit flag their row."""

@@ -54,6 +54,46 @@ def _plain(v: Any) -> bool:
     return v is None or type(v) is bool or (type(v) is str and len(v) <= MAX_STAT_CHARS)
 
 
+MAX_FINISH_CHARS = 16   # of a finish reason kept: the contract's are "stop" and "length", a longer one is wrong
+
+
+def bounded_generations(reply: Any, params: list[Sampling]) -> Any:
+    """A generate reply cut to what its request can be judged by: one output past the prompts at most, each with
+    max_new_tokens + 1 ids (one over the limit still shows it went over), a finish reason of MAX_FINISH_CHARS and
+    nothing else. A reply line may hold 64 MiB: 33 million ids, a list of a GB in the host, and the gate and
+    post-validation keep every timed output of every repetition until it is judged, in the host's memory, not the
+    sandbox's. What is not a list of mappings is left as it is, for the caller to reject."""
+    if not isinstance(reply, list):
+        return reply
+    kept: list[Any] = []
+    for i, out in enumerate(reply[: len(params) + 1]):
+        if isinstance(out, dict):
+            ids, finish = out.get("token_ids"), out.get("finish_reason")
+            limit = params[i].max_new_tokens + 1 if i < len(params) else 1
+            out = {"token_ids": ids[:limit] if isinstance(ids, list) else ids,
+                   "finish_reason": finish[:MAX_FINISH_CHARS] if isinstance(finish, str) else finish}
+        kept.append(out)
+    return kept
+
+
+def bounded_scores(reply: Any, continuations: list[list[int]], top_k: int) -> Any:
+    """A score or verify reply cut as bounded_generations cuts a generate reply: one entry past the continuations
+    at most, one position past each continuation, one candidate past top_k at each position, nothing else."""
+    if not isinstance(reply, list):
+        return reply
+    kept: list[Any] = []
+    for i, out in enumerate(reply[: len(continuations) + 1]):
+        if isinstance(out, dict):
+            n = len(continuations[i]) + 1 if i < len(continuations) else 1
+            lps, ids, tops = (out.get(k) for k in ("token_logprobs", "top_ids", "top_logprobs"))
+            cut = lambda rows: [r[: top_k + 1] if isinstance(r, list) else r for r in rows[:n]] \
+                if isinstance(rows, list) else rows  # noqa: E731
+            out = {"token_logprobs": lps[:n] if isinstance(lps, list) else lps, "top_ids": cut(ids),
+                   "top_logprobs": cut(tops)}
+        kept.append(out)
+    return kept
+
+
 class EngineError(RuntimeError):
     """The engine raised, crashed, or answered something unreadable."""
 
@@ -207,14 +247,18 @@ class EngineProcess:
 
     def generate(self, prompts: list[list[int]], sampling: Sampling | list[Sampling],
                  timeout_s: float | None = None) -> list[dict]:
+        """The reply as bounded_generations keeps it (so do score and verify: bounded_scores)."""
         params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
-        return self.call("generate", timeout_s=timeout_s, prompts=prompts, sampling=[asdict(p) for p in params])
+        reply = self.call("generate", timeout_s=timeout_s, prompts=prompts, sampling=[asdict(p) for p in params])
+        return bounded_generations(reply, params)
 
     def score(self, prompts, continuations, top_k: int = 5, timeout_s: float | None = None) -> list[dict]:
-        return self.call("score", timeout_s=timeout_s, prompts=prompts, continuations=continuations, top_k=top_k)
+        reply = self.call("score", timeout_s=timeout_s, prompts=prompts, continuations=continuations, top_k=top_k)
+        return bounded_scores(reply, continuations, top_k)
 
     def verify(self, prefixes, drafts, top_k: int = 5, timeout_s: float | None = None) -> list[dict]:
-        return self.call("verify", timeout_s=timeout_s, prompts=prefixes, continuations=drafts, top_k=top_k)
+        reply = self.call("verify", timeout_s=timeout_s, prompts=prefixes, continuations=drafts, top_k=top_k)
+        return bounded_scores(reply, drafts, top_k)
 
     def stats(self, timeout_s: float | None = None) -> dict:
         return plain_stats(self.call("stats", timeout_s=timeout_s))

@@ -88,14 +88,10 @@ def length_stats(lengths: Sequence[int], finish: Sequence[str]) -> LengthStats:
 
 # ---- timing --------------------------------------------------------------------------------------------------
 
-MAX_FINISH_CHARS = 16  # "stop" and "length" are the contract's; longer is wrong already, and need not be kept whole
-
-
-def _reply_outputs(engine: EngineProcess, raw: object, max_new_tokens: int) -> list[tuple[list[int], str]]:
-    """A generate reply as (token ids, finish reason) pairs; anything else is the engine's error. A set keeps every
-    output of every repetition until it is judged: each is kept to max_new_tokens + 1 ids (one past the limit still
-    shows it went over) and a finish reason to MAX_FINISH_CHARS, so 64 MiB replies, one per timed request, cannot
-    pile up in the host's memory or in the checks' details."""
+def _reply_outputs(engine: EngineProcess, raw: object) -> list[tuple[list[int], str]]:
+    """A generate reply as (token ids, finish reason) pairs; anything else is the engine's error. The client keeps
+    no more of a reply than the request can be judged by (engine_host.client.bounded_generations): a set holds
+    every output of every repetition until it is judged."""
     from ..engine_host import EngineError
 
     if not isinstance(raw, list):
@@ -106,7 +102,7 @@ def _reply_outputs(engine: EngineProcess, raw: object, max_new_tokens: int) -> l
         fin = r.get("finish_reason") if isinstance(r, dict) else None
         if not isinstance(ids, list) or not all(type(t) is int for t in ids) or not isinstance(fin, str):
             raise EngineError(f"{engine.engine_dir}: malformed generate reply {str(r)[:200]!r}")
-        out.append((ids[: max_new_tokens + 1], fin[:MAX_FINISH_CHARS]))
+        out.append((ids, fin))
     return out
 
 
@@ -120,10 +116,10 @@ def run_once(engine: EngineProcess, prompts: Sequence[Sequence[int]], sampling: 
     if mode == "single":
         for p in prompts:
             t0 = time.perf_counter()
-            replies.append(_reply_outputs(engine, engine.generate([list(p)], sampling), sampling.max_new_tokens))
+            replies.append(_reply_outputs(engine, engine.generate([list(p)], sampling)))
             latencies.append(time.perf_counter() - t0)
     elif mode == "batch":
-        batch = _reply_outputs(engine, engine.generate([list(p) for p in prompts], sampling), sampling.max_new_tokens)
+        batch = _reply_outputs(engine, engine.generate([list(p) for p in prompts], sampling))
         replies = [batch[i:i + 1] for i in range(len(prompts))] + ([batch[len(prompts):]] if batch[len(prompts):]
                                                                      else [])
     else:
