@@ -222,8 +222,10 @@ def evolve(
 ) -> None:
     """Run an evolution (the `seis` Prefect flow; no server needed) and print the summary table. Each option but
     --resume is a RunConfig field."""
-    values = {name: [v.strip() for item in value for v in item.split(",") if v.strip()] if isinstance(value, list) else value
-              for name, value in fields.items()}
+    from .run_config import RunConfig
+    lists = {name for name, field in RunConfig.model_fields.items() if get_origin(field.annotation) is list}
+    values = {name: [v.strip() for item in value for v in item.split(",") if v.strip()]  # a JSON option stays as given
+              if name in lists and value is not None else value for name, value in fields.items()}
     config = _evolve_preflight(values, resume)
     _prefect_api(config.out)
     from flows.runtime import apply

@@ -101,6 +101,7 @@ def test_evolve_options_reach_the_config_as_given(monkeypatch, tmp_path):
     (["--chains", "0"], "--chains: Input should be greater than or equal to 1"),
     (["--max-cost-usd", "-1"], "--max-cost-usd: Input should be greater than 0"),
     (["--session-deployment", "no-slash"], "--session-deployment: String should match pattern"),
+    (["--agent-prices", "[1, 2]"], "--agent-prices: Input should be a valid dictionary"),  # JSON, not a list option
 ])
 def test_evolve_value_out_of_bounds_exits_2_with_one_line(tmp_path, args, message):
     from typer.testing import CliRunner
