@@ -159,6 +159,7 @@ class RunConfig(BaseModel):
         if self.base_engine is not None:
             from .engine_import import check_engine_dir
             check_engine_dir(self.base_engine)
+        self._check_store()
         self._check_out_dir(resume, resume_hint)
 
     def _check_device(self) -> None:
@@ -170,6 +171,22 @@ class RunConfig(BaseModel):
         if not torch.cuda.is_available():
             raise ValueError("device cuda was asked for, but this machine has no usable CUDA GPU "
                              "(torch.cuda.is_available() is False): run on a GPU host, or use device cpu or auto")
+
+    def _check_store(self) -> None:
+        """The snapshot store is a directory, or can be made one, and is writable; checked without creating it or
+        leaving a file in it (an unnamed temporary file)."""
+        import tempfile
+
+        store = self.store
+        if store.exists() and not store.is_dir():
+            raise ValueError(f"store {store} exists and is not a directory")
+        existing = next(p for p in [store, *store.parents] if p.exists())
+        if not existing.is_dir():
+            raise ValueError(f"store {store} cannot be created: {existing} is not a directory")
+        try:
+            tempfile.TemporaryFile(dir=existing).close()
+        except OSError as e:
+            raise ValueError(f"store {store} is not writable: {e.strerror}") from None
 
     def _check_out_dir(self, resume: bool, resume_hint: str) -> None:
         out = self.out

@@ -112,3 +112,20 @@ def test_evolve_value_out_of_bounds_exits_2_with_one_line(tmp_path, args, messag
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], out.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("store, message", [("file", "store {} exists and is not a directory"),
+                                            ("file/sub", "store {}/sub cannot be created: {} is not a directory")])
+def test_evolve_with_a_store_that_is_a_file_exits_2_before_any_work(tmp_path, store, message):
+    """--store naming a file (or a path under one) is refused like --out is, before the run directory is made; it
+    was found only inside the flow, as a FileExistsError traceback, with a run directory left behind."""
+    from typer.testing import CliRunner
+
+    from seis.cli import app
+    (tmp_path / "file").write_text("not a store\n")
+    out = CliRunner().invoke(app, ["evolve", "--out", str(tmp_path / "run"), "--store", str(tmp_path / store),
+                                   "--model", "tiny-qwen3", "--device", "cpu", "--gate", "smoke"])
+    assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.output
+    lines = out.stderr.splitlines()
+    assert lines == ["error: " + message.format(tmp_path / "file", tmp_path / "file")], out.stderr
+    assert not (tmp_path / "run").exists() and (tmp_path / "file").read_text() == "not a store\n"
