@@ -155,7 +155,9 @@ class RunConfig(BaseModel):
             from .agents.offline.library import load_library
             if not self.agent_library.is_dir():
                 raise ValueError(f"agent library {self.agent_library} is not a directory")
-            load_library(self.agent_library)  # raises with the offending transformation named
+            if not load_library(self.agent_library):  # raises with the offending transformation named
+                raise ValueError(f"agent library {self.agent_library} holds no transformations (a directory each, "
+                                 f"with meta.yaml or meta.json): every session would end in no_change")
         if self.base_engine is not None:
             from .engine_import import check_engine_dir
             check_engine_dir(self.base_engine)

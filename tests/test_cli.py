@@ -129,3 +129,21 @@ def test_evolve_with_a_store_that_is_a_file_exits_2_before_any_work(tmp_path, st
     lines = out.stderr.splitlines()
     assert lines == ["error: " + message.format(tmp_path / "file", tmp_path / "file")], out.stderr
     assert not (tmp_path / "run").exists() and (tmp_path / "file").read_text() == "not a store\n"
+
+
+def test_evolve_with_an_agent_library_that_holds_no_transformation_exits_2(tmp_path):
+    """An --agent-library dir with no transformation in it (a wrong path) is refused: it ran every session to
+    no_change and exited 0."""
+    from typer.testing import CliRunner
+
+    from seis.cli import app
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "notes.txt").write_text("not a transformation\n")
+    out = CliRunner().invoke(app, ["evolve", "--out", str(tmp_path / "run"), "--store", str(tmp_path / "store"),
+                                   "--agent-library", str(tmp_path / "lib"), "--model", "tiny-qwen3", "--device", "cpu",
+                                   "--gate", "smoke"])
+    assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.output
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: agent library {tmp_path / 'lib'} holds no "
+                                                   "transformations"), out.stderr
+    assert not (tmp_path / "run").exists()
