@@ -147,3 +147,20 @@ def test_evolve_with_an_agent_library_that_holds_no_transformation_exits_2(tmp_p
     assert len(lines) == 1 and lines[0].startswith(f"error: agent library {tmp_path / 'lib'} holds no "
                                                    "transformations"), out.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("recorded", [b'{"protocol": "chain", "cha', b'\x00\xff\xfe', b'[1, 2]'])
+def test_evolve_resume_of_a_damaged_config_json_exits_2_naming_it(tmp_path, recorded):
+    """--resume of a run whose config.json is truncated, not UTF-8 or not a mapping: one line that names the file
+    (bytes that were no UTF-8 gave only the codec's words), and the file is left as it was."""
+    from typer.testing import CliRunner
+
+    from seis.cli import app
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_bytes(recorded)
+    out = CliRunner().invoke(app, ["evolve", "--resume", str(run)])
+    assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.output
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {run}/config.json is not a valid run config: "), out.stderr
+    assert (run / "config.json").read_bytes() == recorded and sorted(p.name for p in run.iterdir()) == ["config.json"]

@@ -76,6 +76,8 @@ def resolve_config(config: RunConfig | dict | None, overrides: dict[str, object]
         run = RunDir.open(Path(resume))
         try:
             recorded = RunConfig.model_validate_json(run.recorded_config_json())
+        except (OSError, UnicodeDecodeError) as e:  # unreadable, or bytes that are no text (a damaged disk, a copy)
+            raise ParameterError(f"{run.root}/config.json is not a valid run config: {e}") from None
         except ValidationError as e:
             raise ParameterError(f"{run.root}/config.json is not a valid run config: {_messages(e, flag)}") from None
         recorded = recorded.model_copy(update={"out": run.root})  # the run dir may have been moved
