@@ -25,6 +25,23 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _check_writable(path: Path, flag: str, is_dir: bool) -> None:
+    """What a command writes only at its end, checked before its work (a result is never lost to a bad path): a
+    directory (`is_dir`, made then if new) or a file; neither made nor left here (an unnamed temporary file)."""
+    import tempfile
+
+    if path.exists() and path.is_dir() != is_dir:
+        _fail(f"{flag} {path} exists and is {'not ' if is_dir else ''}a directory")
+    where = path if is_dir else path.parent
+    existing = next(p for p in [where.absolute(), *where.absolute().parents] if p.exists())
+    if not existing.is_dir():
+        _fail(f"{flag} {path} cannot be created: {existing} is not a directory")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        _fail(f"{flag} {path} is not writable: {e.strerror}")
+
+
 @models_app.command("list")
 def models_list() -> None:
     """List the named models and whether each is prepared."""
@@ -99,6 +116,8 @@ def gate(
         _fail(f"--device must be auto, cpu or cuda, got {device!r}")
     if json_out is not None and not json_out.parent.is_dir():
         _fail(f"--json: directory {json_out.parent} does not exist")
+    if json_out is not None:
+        _check_writable(json_out, "--json", is_dir=False)
     values = {"candidate": candidate, "model": model, "parent": parent, "device": device,
               "prepared_dir": prepared_dir}
     if reference is not None:
@@ -154,6 +173,7 @@ def post_validate(
     if (engine is None) == (snapshot is None):
         _fail("pass exactly one of --engine DIR or --snapshot ID")
     out = out or Path("runs/postval") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    _check_writable(out, "--out", is_dir=True)
     values = {"engine_dir": engine or out / "engine", "model": model, "out_dir": out, "device": device,
               "gsm8k_items": gsm8k_items, "retrieval_items": retrieval_items, "speed_requests": speed_requests,
               "fixed_single_requests": fixed_single_requests, "dev_requests": dev_requests, "heldout": heldout, "reps": reps,

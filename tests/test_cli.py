@@ -164,3 +164,32 @@ def test_evolve_resume_of_a_damaged_config_json_exits_2_naming_it(tmp_path, reco
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {run}/config.json is not a valid run config: "), out.stderr
     assert (run / "config.json").read_bytes() == recorded and sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
+@pytest.mark.parametrize("command, target", [("post-validate", "file"), ("post-validate", "file/sub"),
+                                             ("gate", "dir")])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(tmp_path, monkeypatch, command, target):
+    """post-validate --out naming a file (or a path under one), gate --json naming a directory: exit 2 before any
+    engine runs; both were found only when the results were written, at the end, with a traceback, and the
+    results were lost."""
+    from typer.testing import CliRunner
+
+    import seis.evaluator
+    import seis.postval
+    from seis.cli import app
+    from seis.engine_import import ENGINE_TEMPLATE
+
+    def work(config):
+        raise AssertionError("the work started")
+    monkeypatch.setattr(seis.postval, "run_post_validation", work)
+    monkeypatch.setattr(seis.evaluator, "run_gate", work)
+    (tmp_path / "file").write_text("kept\n")
+    (tmp_path / "dir").mkdir()
+    path = tmp_path / target
+    args = (["post-validate", "--engine", str(ENGINE_TEMPLATE), "--out", str(path)] if command == "post-validate"
+            else ["gate", "--candidate", str(ENGINE_TEMPLATE), "--json", str(path)])
+    out = CliRunner().invoke(app, [*args, "--model", "tiny-qwen3", "--device", "cpu", "--quick"])
+    assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.output
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {args[-2]} {path} "), out.stderr
+    assert (tmp_path / "file").read_text() == "kept\n" and not any((tmp_path / "dir").iterdir())
