@@ -116,6 +116,20 @@ class RunConfig(BaseModel):
     def _absolute(cls, out: Path) -> Path:  # noqa: D401 - also used for the store path
         return out.expanduser().resolve()
 
+    @field_validator("base_engine", "agent_library")
+    @classmethod
+    def _absolute_if_given(cls, path: Path | None) -> Path | None:
+        """Recorded absolute, as out and store are: a run resumed from another working directory uses the same."""
+        return None if path is None else path.expanduser().resolve()
+
+    @field_validator("model")
+    @classmethod
+    def _model_dir_absolute(cls, model: str) -> str:
+        """A local model directory (not a model name) is recorded absolute, for the same reason."""
+        from .models.registry import REGISTRY
+        path = Path(model).expanduser()
+        return model if model in REGISTRY or not path.is_dir() else str(path.resolve())
+
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
         if self.protocol == "sync-chain" and self.sync_every > self.sessions:

@@ -348,3 +348,30 @@ def test_a_verdict_that_comes_back_after_an_interrupt_is_not_recorded(harness, t
         one_session()
     assert not (spec.session_dir / "outcome.json").exists() and not (spec.session_dir / "report.md").exists()
     assert [s.id for s in store.list()] == [spec.parent_snapshot]   # nothing of the unrecorded session was stored
+
+
+def test_paths_given_relative_are_recorded_absolute_so_a_resume_from_elsewhere_uses_the_same(tmp_path,
+                                                                                            monkeypatch):
+    """agent_library, base_engine and a local model directory, given relative to the working directory, are
+    recorded absolute (as out and store are): resumed from another directory, the recorded config named whatever
+    lay at those relative paths there (another library, engine or model), or nothing."""
+    from seis.models import resolve_model
+    from seis.session.params import resolve_config
+    from seis.session.rundir import RunDir
+
+    for name in ("first", "second"):
+        (tmp_path / name / "lib").mkdir(parents=True)
+        (tmp_path / name / "engine").mkdir()
+    import shutil
+    shutil.copytree(resolve_model("tiny-qwen3"), tmp_path / "first" / "model")
+    monkeypatch.chdir(tmp_path / "first")
+    config = RunConfig(agent_library="lib", base_engine="engine", model="model", out="run", store="store")
+    first = tmp_path / "first"
+    assert (config.agent_library, config.base_engine, config.model) == (first / "lib", first / "engine",
+                                                                          str(first / "model"))
+    assert RunConfig(model="tiny-qwen3").model == "tiny-qwen3"   # a model name stays a name
+    RunDir.create(config.out, config.model_dump_json(indent=2))
+    monkeypatch.chdir(tmp_path / "second")
+    resumed = resolve_config(None, {}, first / "run").config
+    assert (resumed.agent_library, resumed.base_engine, resumed.model) == (config.agent_library,
+                                                                           config.base_engine, config.model)
