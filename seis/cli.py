@@ -26,20 +26,10 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _check_writable(path: Path, flag: str, is_dir: bool) -> None:
-    """What a command writes only at its end, checked before its work (a result is never lost to a bad path): a
-    directory (`is_dir`, made then if new) or a file; neither made nor left here (an unnamed temporary file)."""
-    import tempfile
-
-    if path.exists() and path.is_dir() != is_dir:
-        _fail(f"{flag} {path} exists and is {'not ' if is_dir else ''}a directory")
-    where = path if is_dir else path.parent
-    existing = next(p for p in [where.absolute(), *where.absolute().parents] if p.exists())
-    if not existing.is_dir():
-        _fail(f"{flag} {path} cannot be created: {existing} is not a directory")
-    try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as e:
-        _fail(f"{flag} {path} is not writable: {e.strerror}")
+    """What a command writes only at its end is checked before its work: a result is never lost to a bad path."""
+    from .writable import unwritable
+    if (problem := unwritable(path, flag, is_dir)) is not None:
+        _fail(problem)
 
 
 @models_app.command("list")

@@ -189,20 +189,10 @@ class RunConfig(BaseModel):
                              "(torch.cuda.is_available() is False): run on a GPU host, or use device cpu or auto")
 
     def _check_store(self) -> None:
-        """The snapshot store is a directory, or can be made one, and is writable; checked without creating it or
-        leaving a file in it (an unnamed temporary file)."""
-        import tempfile
-
-        store = self.store
-        if store.exists() and not store.is_dir():
-            raise ValueError(f"store {store} exists and is not a directory")
-        existing = next(p for p in [store, *store.parents] if p.exists())
-        if not existing.is_dir():
-            raise ValueError(f"store {store} cannot be created: {existing} is not a directory")
-        try:
-            tempfile.TemporaryFile(dir=existing).close()
-        except OSError as e:
-            raise ValueError(f"store {store} is not writable: {e.strerror}") from None
+        """The snapshot store is a directory, or can be made one, and is writable (nothing made here)."""
+        from .writable import unwritable
+        if (problem := unwritable(self.store, "store")) is not None:
+            raise ValueError(problem)
 
     def _check_out_dir(self, resume: bool, resume_hint: str) -> None:
         out = self.out
@@ -212,15 +202,13 @@ class RunConfig(BaseModel):
             what = "holds a run" if (out / "config.json").is_file() else "is not empty"
             raise ValueError(f"output dir {out} {what}; continue it with {resume_hint.format(out=out)}, or choose "
                              f"a new output dir")
-        existing = next(p for p in [out, *out.parents] if p.exists())
-        if not existing.is_dir():
-            raise ValueError(f"output dir {out} cannot be created: {existing} is not a directory (not writable)")
-        try:  # the only reliable writability test (root passes every os.access check)
+        from .writable import unwritable
+        if (problem := unwritable(out, "output dir")) is not None:
+            raise ValueError(problem)
+        try:
             out.mkdir(parents=True, exist_ok=True)
-            (out / ".write-test").touch()
-            (out / ".write-test").unlink()
         except OSError as e:
-            raise ValueError(f"output dir {out} is not writable: {e.strerror}") from None
+            raise ValueError(f"output dir {out} cannot be created: {e.strerror}") from None
 
     @property
     def run_id(self) -> str:

@@ -114,8 +114,9 @@ def test_evolve_value_out_of_bounds_exits_2_with_one_line(tmp_path, args, messag
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("store, message", [("file", "store {} exists and is not a directory"),
-                                            ("file/sub", "store {}/sub cannot be created: {} is not a directory")])
+@pytest.mark.parametrize("store, message", [
+    ("file", "store {} exists and is not a directory"),
+    ("file/sub", "store {}/sub cannot be created: {} is not a directory (not writable)")])
 def test_evolve_with_a_store_that_is_a_file_exits_2_before_any_work(tmp_path, store, message):
     """--store naming a file (or a path under one) is refused like --out is, before the run directory is made; it
     was found only inside the flow, as a FileExistsError traceback, with a run directory left behind."""
