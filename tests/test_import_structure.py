@@ -33,7 +33,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sandbox", ("seis.sandbox",)),
     ("models", ("seis.models",)),
     ("workloads", ("seis.workloads",)),
-    ("leaves", ("seis", "seis.host", "seis.tables", "seis.prompts", "seis.engine_import", "seis.stats")),
+    ("leaves", ("seis", "seis.host", "seis.tables", "seis.prompts", "seis.engine_import", "seis.stats",
+                "seis.writable")),
 ]
 
 
