@@ -44,6 +44,23 @@ def test_put_get_restores_byte_identical_files(engine, tmp_path):
         store.get(sid, out)
 
 
+@pytest.mark.parametrize("dest_exists", [False, True])
+def test_a_snapshot_whose_files_changed_in_the_store_is_refused_and_leaves_nothing_restored(engine, tmp_path,
+                                                                                          dest_exists):
+    """A stored file altered after put (a damaged disk, someone's edit): get refuses the snapshot, and no
+    half-restored or altered tree is left where the caller asked for it, which a caller catching the error
+    could still build and run."""
+    store = SnapshotStore(tmp_path / "store")
+    sid = store.put(engine)
+    (store.root / sid / "engine" / "model.py").write_text("raise SystemExit('not the gated code')\n")
+    dest = tmp_path / "restored"
+    if dest_exists:
+        dest.mkdir()
+    with pytest.raises(StoreError, match="does not match its manifest"):
+        store.get(sid, dest)
+    assert (dest.is_dir() and not any(dest.iterdir())) if dest_exists else not dest.exists()
+
+
 def test_same_tree_same_id_and_one_copy(engine, tmp_path):
     store = SnapshotStore(tmp_path / "store")
     sid = store.put(engine)

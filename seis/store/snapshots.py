@@ -28,7 +28,16 @@ from pathlib import Path
 import yaml
 
 from ..sandbox.walk import Entry, walk
-from ..workspace.tree import IGNORED_DIRS, TreeError, copy_tree, file_sha256, is_control_file, safe_mode, tree_hash
+from ..workspace.tree import (
+    IGNORED_DIRS,
+    TreeError,
+    copy_tree,
+    file_sha256,
+    is_control_file,
+    remove_tree,
+    safe_mode,
+    tree_hash,
+)
 from .dvc import DvcError, DvcRepo, open_repo
 from .lock import FileLock
 
@@ -214,14 +223,21 @@ class SnapshotStore:
         manifest = json.loads(self._manifest(info.id).read_text(encoding="utf-8"))
         if why := manifest_problem(manifest):
             raise StoreError(f"snapshot {info.id}'s manifest is refused: {why}")
+        made = not dest.exists()
         dest.mkdir(parents=True, exist_ok=True)
-        for f in manifest["files"]:
-            out = dest / f["path"]
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(info.path / f["path"], out)  # follows DVC cache links, if DVC was set to use them
-            os.chmod(out, safe_mode(int(f["mode"], 8), is_dir=False))
-        if tree_hash(dest) != info.tree_hash:
-            raise StoreError(f"restored snapshot {info.id} in {dest} does not match its manifest (store corrupted?)")
+        try:
+            for f in manifest["files"]:
+                out = dest / f["path"]
+                out.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(info.path / f["path"], out)  # follows DVC cache links, if DVC was set to use them
+                os.chmod(out, safe_mode(int(f["mode"], 8), is_dir=False))
+            if tree_hash(dest) != info.tree_hash:
+                raise StoreError(f"restored snapshot {info.id} in {dest} does not match its manifest (store "
+                                 f"corrupted?)")
+        except BaseException:  # no half-restored or altered tree left where a caller could still run it
+            for p in [dest] if made else list(dest.iterdir()):
+                remove_tree(p)
+            raise
         return dest
 
     def export_ref(self, snapshot_id: str) -> SnapshotRef:
