@@ -251,13 +251,25 @@ def evolve(
     finally:
         _restore_signals(previous)
     if not state.is_completed():  # one line, not the tracebacks (those are in the task runs' logs)
-        from .session.status import FINISHED_FAILED_NOTE, read_status
-        recorded = read_status(config.out)
-        hint = (" (every session is recorded: a new run is needed, not a resume)"
-                if recorded is not None and recorded.note == FINISHED_FAILED_NOTE
-                else f" (continue with: seis evolve --resume {config.out})")
-        _fail(f"{state.message or f'the run ended {state.name}'}{hint}", code=1)
+        _fail(f"{state.message or f'the run ended {state.name}'}{_after_failure(config.out)}", code=1)
     typer.echo(f"run directory: {printable(state.result())}")
+
+
+def _after_failure(out: Path) -> str:
+    """What to do about a run that did not complete: resume it, unless every session is recorded or another flow
+    holds it (a resume is refused while that one works)."""
+    from .session.rundir import RunDir
+    from .session.status import FINISHED_FAILED_NOTE, read_status
+    recorded = read_status(out)
+    if recorded is not None and recorded.note == FINISHED_FAILED_NOTE:
+        return " (every session is recorded: a new run is needed, not a resume)"
+    if (out / "config.json").is_file():
+        try:
+            with RunDir.open(out).lock():
+                pass
+        except TimeoutError:
+            return ""  # the flow's own message says to wait for the other one or cancel it
+    return f" (continue with: seis evolve --resume {out})"
 
 
 @app.command()

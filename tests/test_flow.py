@@ -307,6 +307,20 @@ def test_unwritable_or_used_output_dir_is_refused(tmp_path):
     assert (used / "old.txt").read_text() == "keep me"
 
 
+def test_a_resume_refused_because_another_flow_holds_the_run_says_to_wait_not_to_resume(tmp_path):
+    """While one flow works in a run directory, a second `--resume` of it is refused. The refusal ended with
+    "continue with: seis evolve --resume DIR", the very command just refused."""
+    from seis.session.rundir import RunDir
+    out = tmp_path / "run"
+    config = RunConfig(out=out, store=tmp_path / "store", model="tiny-qwen3", device="cpu", protocol="chain", chains=1,
+                       sessions=1)
+    run = RunDir.create(config.out, config.model_dump_json(indent=2))
+    with run.lock():  # the other flow
+        done = _evolve("--resume", str(out))
+    assert done.returncode == 1 and "in use by another flow" in done.stderr, done.stderr
+    assert "--resume" not in done.stderr and "wait for it" in done.stderr
+
+
 def test_prefect_yaml_deployments_are_valid_runs():
     import yaml
     prefect_yaml = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())
