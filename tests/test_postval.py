@@ -723,8 +723,9 @@ def test_a_candidate_that_says_it_serves_a_tiny_context_is_flagged_not_waved_thr
 def test_library_rejects_bad_input_before_any_work(tmp_path, prepared_dir):
     with pytest.raises(PostValError, match="reps"):
         make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", reps=0)
-    with pytest.raises(PostValError, match="device"):
+    with pytest.raises(PostValError, match="device") as bad_device:
         make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device="tpu")
+    assert str(bad_device.value).count("got 'tpu'") == 1  # the validator's message names it already
     with pytest.raises(PostValError, match="does not exist"):
         run_post_validation(make_config(engine_dir=tmp_path / "nope", model="tiny-qwen3", out_dir=tmp_path / "o"))
     with pytest.raises(PostValError, match="max-batch-size"):  # two KV caches larger than any RAM

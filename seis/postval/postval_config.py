@@ -146,5 +146,6 @@ def format_validation_error(exc: ValidationError) -> str:
         field = ".".join(str(x) for x in err["loc"]) or "config"
         flag = "--" + field.replace("_", "-")
         msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{field} ({flag}): {msg}, got {err.get('input')!r}")
+        got = f"got {err.get('input')!r}"
+        parts.append(f"{field} ({flag}): {msg}" + ("" if got in msg else f", {got}"))  # a validator may say it
     return "invalid post-validation settings: " + "; ".join(parts)
