@@ -130,6 +130,13 @@ class RunConfig(BaseModel):
         path = Path(model).expanduser()
         return model if model in REGISTRY or not path.is_dir() else str(path.resolve())
 
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_file_absolute(cls, template: str) -> str:
+        """A template file (not a bundled name) is recorded absolute, for the same reason."""
+        path = Path(template).expanduser()
+        return str(path.resolve()) if path.is_file() else template
+
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
         if self.protocol == "sync-chain" and self.sync_every > self.sessions:

@@ -352,7 +352,7 @@ def test_a_verdict_that_comes_back_after_an_interrupt_is_not_recorded(harness, t
 
 def test_paths_given_relative_are_recorded_absolute_so_a_resume_from_elsewhere_uses_the_same(tmp_path,
                                                                                             monkeypatch):
-    """agent_library, base_engine and a local model directory, given relative to the working directory, are
+    """agent_library, base_engine, a local model directory and a prompt template file, given relative to the working directory, are
     recorded absolute (as out and store are): resumed from another directory, the recorded config named whatever
     lay at those relative paths there (another library, engine or model), or nothing."""
     from seis.models import resolve_model
@@ -365,13 +365,17 @@ def test_paths_given_relative_are_recorded_absolute_so_a_resume_from_elsewhere_u
     import shutil
     shutil.copytree(resolve_model("tiny-qwen3"), tmp_path / "first" / "model")
     monkeypatch.chdir(tmp_path / "first")
-    config = RunConfig(agent_library="lib", base_engine="engine", model="model", out="run", store="store")
+    (tmp_path / "first" / "mine.md").write_text("a template\n")
+    config = RunConfig(agent_library="lib", base_engine="engine", model="model", out="run", store="store",
+                       prompt_template="mine.md")
     first = tmp_path / "first"
     assert (config.agent_library, config.base_engine, config.model) == (first / "lib", first / "engine",
                                                                           str(first / "model"))
+    assert config.prompt_template == str(first / "mine.md")
     assert RunConfig(model="tiny-qwen3").model == "tiny-qwen3"   # a model name stays a name
+    assert RunConfig(prompt_template="session_v1").prompt_template == "session_v1"  # and a bundled template's
     RunDir.create(config.out, config.model_dump_json(indent=2))
     monkeypatch.chdir(tmp_path / "second")
     resumed = resolve_config(None, {}, first / "run").config
-    assert (resumed.agent_library, resumed.base_engine, resumed.model) == (config.agent_library,
-                                                                           config.base_engine, config.model)
+    assert (resumed.agent_library, resumed.base_engine, resumed.model, resumed.prompt_template) == (
+        config.agent_library, config.base_engine, config.model, config.prompt_template)
