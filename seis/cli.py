@@ -104,9 +104,9 @@ def gate(
 
     if device not in ("auto", "cpu", "cuda"):
         _fail(f"--device must be auto, cpu or cuda, got {device!r}")
-    if json_out is not None and not json_out.parent.is_dir():
-        _fail(f"--json: directory {json_out.parent} does not exist")
-    if json_out is not None:
+    if json_out is not None:  # written only at the end, as it is (its directory is not made)
+        if not json_out.parent.is_dir():
+            _fail(f"--json: directory {json_out.parent} does not exist")
         _check_writable(json_out, "--json", is_dir=False)
     values = {"candidate": candidate, "model": model, "parent": parent, "device": device,
               "prepared_dir": prepared_dir}
