@@ -214,3 +214,30 @@ def test_a_contract_rewritten_in_the_workspace_does_not_reach_the_prompt(tmp_pat
     p = render_prompt(load_template("session_v1"), ws, SessionContext("c0", 1), mode="tools")
     _assert_no_forgery(p.user)
     assert (ENGINE_TEMPLATE / "CONTRACT.md").read_text().strip() in p.user and len(p.user) < 100_000
+
+
+def test_change_names_an_agent_chooses_are_bounded_in_its_record_and_in_later_prompts(tmp_path):
+    """Change names are the agent's choice, in any number: a finish call (or a CHANGES: line of a 1 MiB report)
+    naming 100,000 of them put them all in the session's block, summary and session line, and every later prompt of
+    the chain and of its peers listed every name on its harness lines, outside the history's size budget (MBs sent
+    again with every turn)."""
+    from seis.agents.llm.redact import Redactor
+    from seis.agents.llm.result import SessionEnd, build_result
+    many = tuple(f"change-{i:06d}" for i in range(100_000))
+    result = build_result("anthropic", SessionContext("c0", 0), True, SessionEnd(True, "finish", "r", many),
+                          Redactor(), model="m")
+    assert 1 <= len(result.applied) <= 64 and result.applied == many[:len(result.applied)]
+    assert len(parse_session_block(result.report_markdown).applied) == len(result.applied)
+    assert len(result.report_markdown) < 20_000
+    from seis.agents.llm.cli_agent import parse_changes  # a cli agent's CHANGES: line, as short names too
+    assert [len(n) for n in parse_changes("CHANGES: " + "a" * 2**20 + ", b")[0]] == [64, 1]
+    # Reports recorded before any cap (or however many sessions a chain holds): the prompt's lines stay short.
+    r = Report("c1", 0, stamp_verdict(render_report(SessionBlock("c1", 0, "a", many), "s", [], []), "rejected",
+                                      HARNESS_TABLE), "rejected")
+    peer = PeerMaterial("c1", _ws(tmp_path / "peer").root, (r,))
+    mine = Report("c0", 0, r.markdown.replace("c1", "c0"), "rejected")
+    context = SessionContext("c0", 1, inherited_reports=(mine,), peers=(peer,))
+    p = render_prompt(load_template("session_v1"), _ws(tmp_path, [mine], [peer]), context, mode="tools")
+    _, outside = _blocks(p.user)
+    assert len(outside) < 40_000 + len((ENGINE_TEMPLATE / "CONTRACT.md").read_text())
+    assert "`change-000000`" in outside and "99,9" in outside  # the first names, and how many more there are

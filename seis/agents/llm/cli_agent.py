@@ -30,7 +30,7 @@ from .devbench import BenchService, SubprocessDevBenchmark
 from .netproxy import START_FORWARDER, ApiProxy, proxy_env
 from .prompt import load_template, render_prompt
 from .redact import Redactor
-from .result import SessionEnd, build_result
+from .result import SessionEnd, build_result, change_name
 from .settings import LLMSettings, api_endpoints
 from .shell import truncate
 from .transcript import Transcript
@@ -56,8 +56,8 @@ def parse_changes(report: str) -> tuple[tuple[str, ...], str]:
     if not matches:
         return (), report
     last = matches[-1]
-    names = tuple(dict.fromkeys(n for n in (re.sub(r"[^a-z0-9._-]+", "-", x.strip().strip("`").lower()).strip("-")
-                                            for x in last.group(1).split(",")) if n and n != "none"))
+    names = tuple(dict.fromkeys(n for n in (change_name(x.strip().strip("`")) for x in last.group(1).split(","))
+                                if n and n != "none"))
     return names, report[:last.start()] + report[last.end():]
 
 

@@ -23,6 +23,7 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 MAX_REPORT_CHARS = 6_000    # one inherited report in the prompt (the full text stays in reports/)
 MAX_HISTORY_CHARS = 30_000  # all of them together: the newest are kept whole
 MAX_GATE_CHARS = 4_000      # one report's gate table
+MAX_NAMES_SHOWN = 40        # change names on one harness line (a chain's reports, or a peer's, may hold thousands)
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.:+-]")
 
 
@@ -86,8 +87,12 @@ def fence_text(text: str, nonce: str, kind: str, label: str) -> str:
 
 
 def _names(names: frozenset[str] | set[str]) -> str:
-    """Change names (agent-chosen, from the harness's block) on a harness line: safe characters only, short."""
-    return ", ".join(f"`{_UNSAFE_NAME.sub('?', n)[:64]}`" for n in sorted(names)) or "nothing"
+    """Change names (agent-chosen, from the harness's block) on a harness line: safe characters only, short, and
+    at most MAX_NAMES_SHOWN of them (the reports hold the rest)."""
+    ordered = sorted(names)
+    shown = ", ".join(f"`{_UNSAFE_NAME.sub('?', n)[:64]}`" for n in ordered[:MAX_NAMES_SHOWN]) or "nothing"
+    more = len(ordered) - MAX_NAMES_SHOWN
+    return shown + (f" and {more:,} more (in the reports)" if more > 0 else "")
 
 
 def _report_entry(r: Report, where: str, nonce: str) -> str:

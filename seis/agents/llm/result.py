@@ -10,6 +10,9 @@ from ..types import AgentResult, SessionContext, Status
 from .redact import Redactor
 
 DEFAULT_CHANGE = "llm-edit"  # the change name when the agent changed the tree but named nothing
+# Change names a session may record: the agent chooses them, in any number, and they go into the session's block,
+# the summary, the session line and (through the lineage) every later prompt of the chain and its peers.
+MAX_CHANGES = 32
 _FOREIGN_BLOCK = re.compile(r"```" + BLOCK_LANG + r".*?```", re.DOTALL)
 
 
@@ -22,6 +25,11 @@ class SessionEnd:
     report: str = ""                 # the agent's own report text ("" when it never finished)
     changes: tuple[str, ...] = ()
     lessons: tuple[str, ...] = ()
+
+
+def change_name(text: str) -> str:
+    """'Fused RMSNorm kernel' -> 'fused-rmsnorm-kernel': names must be short, stable words for the lineage."""
+    return re.sub(r"[^a-z0-9._-]+", "-", text.strip().lower()).strip("-")[:64]
 
 
 def status_for(changed: bool, end: SessionEnd) -> Status:
@@ -41,9 +49,8 @@ def build_result(agent: str, context: SessionContext, changed: bool, end: Sessio
                  wall_s: float = 0.0, notes: str = "", rejected: str | None = None) -> AgentResult:
     """rejected: why the workspace cannot be gated (status "failed", nothing applied), or None."""
     status = "failed" if rejected else status_for(changed, end)
-    end = SessionEnd(end.finished, redactor.text(end.reason), end.report,
-                     tuple(c for c in (redactor.text(x) for x in end.changes) if "[REDACTED]" not in c),
-                     end.lessons)
+    named = tuple(c for c in (redactor.text(x) for x in end.changes) if "[REDACTED]" not in c)
+    end = SessionEnd(end.finished, redactor.text(end.reason), end.report, named[:MAX_CHANGES], end.lessons)
     applied = (end.changes or (DEFAULT_CHANGE,)) if changed and not rejected else ()
     block = SessionBlock(context.chain, context.session, agent, tuple(applied))
     summary = _demote(end.report) if end.report.strip() else "_The agent wrote no report._"
@@ -53,6 +60,8 @@ def build_result(agent: str, context: SessionContext, changed: bool, end: Sessio
         summary = f"**SEIS rejected this session: {rejected}.**\n\n{summary}"
     changes = list(applied)
     lessons = list(end.lessons)
+    if len(named) > MAX_CHANGES:
+        lessons.append(f"The agent named {len(named):,} changes; only the first {MAX_CHANGES} are recorded.")
     if end.changes and not changed:
         lessons.append("The agent named changes (" + ", ".join(end.changes) + ") but the engine tree is unchanged.")
     report = render_report(block, summary, changes, lessons)

@@ -17,7 +17,6 @@ import fnmatch
 import json
 import math
 import os
-import re
 import stat
 import struct
 import subprocess
@@ -33,6 +32,7 @@ from ...sandbox.walk import Entry, TooDeep, walk
 from ...workspace.tree import IGNORED_DIRS, IGNORED_SUFFIXES, MAX_DEPTH, NotRegularFile, open_regular
 from .confine import AgentSandbox
 from .paths import ToolError, confine, rel
+from .result import change_name
 from .shell import run_shell, truncate
 
 DevBenchmark = Callable[[Path], str]  # workspace root -> the rendered dev table (render_dev_benchmark text)
@@ -359,7 +359,7 @@ class Toolbox:
     def _t_finish(self, report: str, changes: list[str] | None = None, lessons: list[str] | None = None):
         if not report.strip():
             raise ToolError("report must be non-empty markdown")
-        names = tuple(n for n in (_change_name(self.redact(c)) for c in changes or []) if n)
+        names = tuple(n for n in (change_name(self.redact(c)) for c in changes or []) if n)
         return ToolOutcome("session finished", finish=FinishRequest(report, tuple(dict.fromkeys(names)),
                                                                     tuple(lessons or [])))
 
@@ -478,11 +478,6 @@ def _files_under(root: Path, base: Path, notes: list[str]) -> Iterator[Path]:
         elif isinstance(item, Entry) and item.dir_entry.is_file(follow_symlinks=False) \
                 and not item.dir_entry.name.endswith(IGNORED_SUFFIXES):
             yield item.path
-
-
-def _change_name(text: str) -> str:
-    """'Fused RMSNorm kernel' -> 'fused-rmsnorm-kernel': names must be short, stable words for the lineage."""
-    return re.sub(r"[^a-z0-9._-]+", "-", text.strip().lower()).strip("-")[:64]
 
 
 def parse_arguments(raw: str | dict | None) -> tuple[dict | None, str | None]:
