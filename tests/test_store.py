@@ -61,6 +61,32 @@ def test_a_snapshot_whose_files_changed_in_the_store_is_refused_and_leaves_nothi
     assert (dest.is_dir() and not any(dest.iterdir())) if dest_exists else not dest.exists()
 
 
+def test_a_manifest_rewritten_on_disk_restores_nothing_and_reads_nothing_outside_the_store(engine, tmp_path):
+    """A manifest is data (a clone's git pull or anyone with the store's folder may change it), checked as a ref's
+    is: rewritten to fit altered files, it named a tree that was never judged, and `get` restored it under the old
+    id; an `id` of "../x" made `get` read another directory; a malformed one ended in a KeyError or TypeError."""
+    import json
+
+    from seis.workspace.tree import file_sha256
+    store = SnapshotStore(tmp_path / "store")
+    sid = store.put(engine)
+    manifest_path = store.root / f"{sid}.json"
+    original = json.loads(manifest_path.read_text())
+    (store.root / sid / "engine" / "model.py").write_text("raise SystemExit('not the gated code')\n")
+    refit = {**original, "tree_hash": tree_hash(store.root / sid),
+             "files": [{**f, "sha256": file_sha256(store.root / sid / f["path"])} for f in original["files"]]}
+    outside = tmp_path / "outside"
+    copy_tree(engine, outside)
+    elsewhere = {**original, "id": "../outside"}
+    for forged in (refit, elsewhere, {**original, "files": 5}, {**original, "files": [{"path": "a", "mode": "644"}]},
+                   [1, 2], "{not json"):
+        manifest_path.write_text(forged if isinstance(forged, str) else json.dumps(forged))
+        for call in (lambda: store.get(sid, tmp_path / "restored"), lambda: store.info(sid), store.list):
+            with pytest.raises(StoreError, match=f"snapshot {sid}'s manifest"):
+                call()
+        assert not (tmp_path / "restored").exists()
+
+
 def test_same_tree_same_id_and_one_copy(engine, tmp_path):
     store = SnapshotStore(tmp_path / "store")
     sid = store.put(engine)

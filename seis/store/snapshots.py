@@ -11,9 +11,9 @@ snapshot is complete; a put that fails leaves no part of the snapshot behind (no
 A tree holding DVC or git control files (seis.workspace.tree.CONTROL_NAMES, *.dvc) is refused: stored inside the
 DVC repository they would steer DVC and git there (a `.dvcignore` of `*` makes `dvc add` track an empty directory; a `dvc.yaml`
 defines pipeline stages; a `.gitignore` can un-ignore the snapshot for git). A snapshot ref from another store
-or a worker is data, checked like a tree: its manifest's paths stay inside the snapshot, its modes are restored
-through safe_mode, and its .dvc file names the snapshot's directory as its only output (`manifest_problem`,
-`dvc_file_problem`).
+or a worker is data, checked like a tree, and so is a manifest on disk (a clone's git pull brings them): its id is
+its tree hash's prefix, its paths stay inside the snapshot, its modes are restored through safe_mode, and its .dvc
+file names the snapshot's directory as its only output (`manifest_problem`, `dvc_file_problem`).
 """
 from __future__ import annotations
 
@@ -65,10 +65,25 @@ def control_files(root: str | Path) -> list[str]:
     return sorted(found)
 
 
-def manifest_problem(manifest: dict) -> str | None:
-    """Why a manifest (one another store or a worker sent, or one on disk) cannot be trusted to restore from, or
-    None. Its paths are read and written relative to the snapshot and the destination: each must stay inside them
-    and name no control file; its modes are octal numbers (restored through safe_mode)."""
+_TREE_HASH = re.compile(r"^[0-9a-f]{64}$")
+
+
+def manifest_problem(manifest: object, sid: str) -> str | None:
+    """Why a manifest (one another store or a worker sent, or one on disk, which a clone's git pull or anyone with
+    the store's folder may have changed) cannot be trusted to restore snapshot `sid` from, or None. Its id must be
+    sid and its tree hash must begin with it: the id is the tree's address, so a manifest rewritten to fit other
+    files, or to name another directory, is refused. Its paths are read and written relative to the snapshot and
+    the destination: each must stay inside them and name no control file; its modes are octal numbers (restored
+    through safe_mode), its sizes counts."""
+    if not isinstance(manifest, dict):
+        return "it is not a JSON object"
+    tree = manifest.get("tree_hash")
+    if manifest.get("id") != sid or not isinstance(tree, str) or not _TREE_HASH.match(tree) or \
+            not tree.startswith(sid):
+        return f"its id must be {sid} and its tree hash must begin with it"
+    if not isinstance(manifest.get("created"), str) or not isinstance(manifest.get("dvc"), bool) or \
+            not isinstance(manifest.get("meta", {}), dict):
+        return "its created, dvc or meta field is missing or not of its type"
     files = manifest.get("files")
     if not isinstance(files, list):
         return "it has no list of files"
@@ -83,6 +98,8 @@ def manifest_problem(manifest: dict) -> str | None:
             int(str(f.get("mode")), 8)
         except ValueError:
             return f"the file {path!r} has no octal mode"
+        if type(f.get("size")) is not int or f["size"] < 0:
+            return f"the file {path!r} has no size"
     return None
 
 
@@ -220,9 +237,7 @@ class SnapshotStore:
         if dest.exists() and any(dest.iterdir()):
             raise StoreError(f"{dest} already exists and is not empty")
         self._ensure_present(info)
-        manifest = json.loads(self._manifest(info.id).read_text(encoding="utf-8"))
-        if why := manifest_problem(manifest):
-            raise StoreError(f"snapshot {info.id}'s manifest is refused: {why}")
+        manifest = self._read_manifest(info.id)
         made = not dest.exists()
         dest.mkdir(parents=True, exist_ok=True)
         try:
@@ -244,7 +259,7 @@ class SnapshotStore:
         """The snapshot's metadata for another store (its files must be in the DVC remote for that store to
         restore them: `put` pushes them there)."""
         info = self.info(snapshot_id)
-        manifest = json.loads(self._manifest(info.id).read_text(encoding="utf-8"))
+        manifest = self._read_manifest(info.id)
         dvc_file = self.root / f"{info.id}.dvc"
         return SnapshotRef(info.id, manifest, dvc_file.read_text(encoding="utf-8") if info.dvc else None)
 
@@ -253,10 +268,11 @@ class SnapshotStore:
         whether it was new here. A ref that contradicts what is stored, or whose id is not its tree hash, is
         refused."""
         manifest = ref.manifest
-        if not self._id.match(ref.id) or manifest.get("id") != ref.id or \
+        if not self._id.match(ref.id) or not isinstance(manifest, dict) or manifest.get("id") != ref.id or \
                 not str(manifest.get("tree_hash", "")).startswith(ref.id):
             raise StoreError(f"snapshot ref {ref.id!r} is inconsistent (its id must be its tree hash's prefix)")
-        if why := manifest_problem(manifest) or (ref.dvc_file is not None and dvc_file_problem(ref.dvc_file, ref.id)):
+        if why := manifest_problem(manifest, ref.id) or \
+                (ref.dvc_file is not None and dvc_file_problem(ref.dvc_file, ref.id)):
             raise StoreError(f"snapshot ref {ref.id!r} is refused: {why}")
         with self._lock():
             if self._manifest(ref.id).is_file():
@@ -340,10 +356,20 @@ class SnapshotStore:
             if kept != lines:
                 ignore.write_text("".join(kept), encoding="utf-8")
 
+    def _read_manifest(self, sid: str) -> dict:
+        """The snapshot's manifest, checked (manifest_problem) before anything is read or restored by it."""
+        try:
+            m = json.loads(self._manifest(sid).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise StoreError(f"snapshot {sid}'s manifest cannot be read: {e}") from None
+        if why := manifest_problem(m, sid):
+            raise StoreError(f"snapshot {sid}'s manifest is refused: {why}")
+        return m
+
     def _load(self, sid: str) -> SnapshotInfo:
-        m = json.loads(self._manifest(sid).read_text(encoding="utf-8"))
-        return SnapshotInfo(m["id"], m["tree_hash"], self.root / m["id"], len(m["files"]),
-                            sum(f["size"] for f in m["files"]), m["created"], bool(m["dvc"]), m.get("meta", {}))
+        m = self._read_manifest(sid)
+        return SnapshotInfo(sid, m["tree_hash"], self.root / sid, len(m["files"]),
+                            sum(f["size"] for f in m["files"]), m["created"], m["dvc"], m.get("meta", {}))
 
     def _ensure_present(self, info: SnapshotInfo) -> str:
         """A tracked snapshot whose directory was removed (e.g. a fresh clone) comes back from the DVC cache, or
