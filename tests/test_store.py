@@ -172,6 +172,28 @@ def test_snapshots_go_to_the_default_remote_and_come_back_on_another_machine(eng
     assert _files(out) == _files(engine)
 
 
+@pytest.mark.skipif(dvc_command() is None, reason="DVC is not installed")
+def test_a_dvc_file_rewritten_on_disk_makes_dvc_write_nothing_outside_the_snapshot(engine, tmp_path):
+    """A snapshot's .dvc file on disk is data (a clone's git pull brings it), checked as a ref's is before DVC acts
+    on it: one whose output was rewritten to `../newdir` made the `dvc checkout` of a missing snapshot write the
+    stored tree there, anywhere in the repository (a new package, a conftest.py under tests/), and leave it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run([*dvc_command(), "init", "--no-scm", "-q"], cwd=repo, check=True)
+    store = SnapshotStore(repo / "snapshots")
+    sid = store.put(engine)
+    dvc_file = repo / "snapshots" / f"{sid}.dvc"
+    shutil.rmtree(repo / "snapshots" / sid)          # a fresh clone: restored from the DVC cache on demand
+    original = dvc_file.read_text()
+    for forged in (original.replace(f"path: {sid}", "path: ../newdir"), original + "cmd: touch x\n"):
+        dvc_file.write_text(forged)
+        with pytest.raises(StoreError, match=f"snapshot {sid}'s .dvc file is refused"):
+            store.get(sid, tmp_path / "restored")
+        assert not (repo / "newdir").exists() and not (tmp_path / "restored").exists()
+    dvc_file.write_text(original)
+    assert tree_hash(store.get(sid, tmp_path / "restored")) == tree_hash(engine)
+
+
 def test_use_dvc_true_needs_a_repository(tmp_path):
     with pytest.raises(StoreError, match="dvc init"):
         SnapshotStore(tmp_path / "store", use_dvc=True)

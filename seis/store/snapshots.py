@@ -373,11 +373,18 @@ class SnapshotStore:
 
     def _ensure_present(self, info: SnapshotInfo) -> str:
         """A tracked snapshot whose directory was removed (e.g. a fresh clone) comes back from the DVC cache, or
-        from the remote when another machine made it. Returns "present", "cache" or "remote"."""
+        from the remote when another machine made it, once its .dvc file names nothing but the snapshot's
+        directory. Returns "present", "cache" or "remote"."""
         if info.path.is_dir():
             return "present"
         if info.dvc and self.dvc is not None:
             dvc_file = self.root / f"{info.id}.dvc"
+            try:  # data, as a ref's .dvc file is: DVC writes whatever outputs it names
+                why = dvc_file_problem(dvc_file.read_text(encoding="utf-8"), info.id)
+            except (OSError, UnicodeDecodeError) as e:
+                why = f"it cannot be read ({e})"
+            if why:
+                raise StoreError(f"snapshot {info.id}'s .dvc file is refused: {why}")
             source = "cache"
             try:
                 self.dvc.checkout(dvc_file)
