@@ -356,3 +356,33 @@ def test_a_prerequisite_cycle_is_an_error_not_a_merge(tmp_path):
     lib = _library_with_a_dependent(tmp_path, prerequisites=("gemv-note",))
     result = merge_transformation(_ws(tmp_path).root, ENGINE_TEMPLATE, lib["gemv-note"])
     assert result.outcome == "error" and "cycle" in result.detail
+
+
+def test_a_tree_the_merge_cannot_take_is_a_conflict_never_an_error(tmp_path):
+    """An inherited engine or a peer's is whatever its session left: a target file holding a NUL byte (git
+    merge-file refuses binary files), a directory where a transformation creates a file, a file where it needs a
+    directory. Each is a conflict the agent records and goes on from; each used to raise out of edit(), which
+    stopped the run, and a resume met the same tree again."""
+    import shutil
+    t_bin, t_new, t_under = (LIBRARY[n] for n in ("decode-pinned-metadata", "prefill-cuda-graphs",
+                                                   "greedy-multistep-decode"))
+    cases = {"binary": (t_bin, lambda root: (root / "engine" / "engine.py").write_bytes(
+                 b"\0" + (root / "engine" / "engine.py").read_bytes())),
+             "dir": (t_new, lambda root: (root / "engine" / "prefill_graph.py" / "x").mkdir(parents=True)),
+             "file": (t_under, lambda root: shutil.rmtree(root / "engine" / "kernels") or
+                      (root / "engine" / "kernels").write_text("x = 1\n"))}
+    for name, (t, plant) in cases.items():
+        ws = _ws(tmp_path, name)
+        plant(ws.root)
+        before = tree_hash(ws.root)
+        assert merge_transformation(ws.root, ENGINE_TEMPLATE, t).outcome == "conflict", name
+        result = OfflineAgent(library=(t,)).edit(ws, SessionContext("c0", 1, budget=Budget(max_attempts=1)))
+        assert result.status == "failed" and result.failed[0].name == t.name, (name, result.failed)
+        assert tree_hash(ws.root) == before, name
+    # A peer's tree holding such a file: the sync looks at it and goes on.
+    peer_dir = tmp_path / "peer"
+    copy_tree(ENGINE_TEMPLATE, peer_dir)
+    (peer_dir / "engine" / "engine.py").write_bytes(b"\0")
+    peer = PeerMaterial("c1", peer_dir, ())
+    ws = _ws(tmp_path, "sync", peers=[peer])
+    assert OfflineAgent().edit(ws, SessionContext("c0", 1, peers=(peer,))).status == "edited"

@@ -13,6 +13,7 @@ import difflib
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -27,6 +28,10 @@ Outcome = Literal["applied", "present", "conflict", "error"]
 
 class PatchError(RuntimeError):
     """A library patch does not apply to its base (the library entry is broken)."""
+
+
+class MergeError(RuntimeError):
+    """git merge-file cannot merge these files (a binary one: a NUL byte in its first 8,000)."""
 
 
 def _git() -> str:
@@ -127,7 +132,8 @@ def merge_file(ours: bytes, base: bytes, theirs: bytes) -> tuple[bytes, int]:
         done = subprocess.run([_git(), "merge-file", "-p", "-L", "workspace", "-L", "E0", "-L", "transformation",
                                *paths], capture_output=True)
     if done.returncode < 0 or done.returncode > 127:
-        raise RuntimeError(f"git merge-file failed: {done.stderr.decode(errors='replace').strip()}")
+        why = done.stderr.decode(errors="replace").strip().replace(tmp + "/", "")[:300]
+        raise MergeError(f"git merge-file failed: {why}")
     return done.stdout, done.returncode
 
 
@@ -154,11 +160,14 @@ def merge_transformation(tree: str | Path, base_dir: str | Path, t: Transformati
     conflicts = []
     for rel, (base, theirs) in patched.items():
         if ours[rel] is None:
-            if base is None:  # a file the transformation creates
+            if base is None and (why := _in_the_way(tree, rel)) is None:  # a file the transformation creates
                 merged[rel] = theirs
                 continue
-            return MergeResult("conflict", detail=f"{rel} is missing from the workspace")
-        out, n = merge_file(ours[rel], base if base is not None else b"", theirs)
+            return MergeResult("conflict", detail=why if base is None else f"{rel} is missing from the workspace")
+        try:
+            out, n = merge_file(ours[rel], base if base is not None else b"", theirs)
+        except MergeError as e:
+            return MergeResult("conflict", detail=f"{rel}: {e}")
         if n:
             conflicts.append(f"{rel} ({n} conflicting hunk{'s' if n > 1 else ''})")
         merged[rel] = out
@@ -169,6 +178,21 @@ def merge_transformation(tree: str | Path, base_dir: str | Path, t: Transformati
     if all(ours[rel] == data for rel, data in merged.items()):
         return MergeResult("present", detail="already in the engine")
     return MergeResult("applied", merged)
+
+
+def _in_the_way(tree: Path, rel: str) -> str | None:
+    """What keeps a file the transformation creates from being written at rel in tree (a tree whose walk found no
+    link): a directory or anything else at rel, or a file where one of its directories goes. None: nothing."""
+    path = tree
+    for part in Path(rel).parts:
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return None
+        if path != tree / rel and not stat.S_ISDIR(mode):
+            return f"{path.relative_to(tree).as_posix()} is a file where {rel} needs a directory"
+    return f"{rel} is already there and is not a file the transformation can create"
 
 
 def _holds_additions(ours: bytes, base: bytes | None, theirs: bytes) -> bool:
