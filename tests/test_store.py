@@ -87,6 +87,30 @@ def test_a_manifest_rewritten_on_disk_restores_nothing_and_reads_nothing_outside
         assert not (tmp_path / "restored").exists()
 
 
+@pytest.mark.parametrize("planted", ["link to a FIFO", "link to a file", "FIFO"])
+def test_a_link_or_special_file_in_a_stored_tree_is_refused_never_read(engine, tmp_path, planted):
+    """What lies in a store's folder (copied from another clone, shared between hosts) is read as a tree is:
+    through descriptors, never following a link. `get` copied each file by its path, following links, so a stored
+    file swapped for a link to a device (/dev/zero: the destination's disk filled) or to a host file was read,
+    and a link to a FIFO ended in shutil's SpecialFileError instead of a StoreError."""
+    store = SnapshotStore(tmp_path / "store")
+    sid = store.put(engine)
+    stored = store.root / sid / "engine" / "model.py"
+    target = tmp_path / "outside.py"
+    if planted == "link to a file":
+        target.write_bytes(stored.read_bytes())    # the very bytes: the hash check alone would pass it
+    stored.unlink()
+    if planted == "FIFO":
+        os.mkfifo(stored)
+    else:
+        if planted == "link to a FIFO":
+            os.mkfifo(target)
+        os.symlink(target, stored)
+    with pytest.raises(StoreError, match=f"snapshot {sid}.*cannot be restored"):
+        store.get(sid, tmp_path / "restored")
+    assert not (tmp_path / "restored").exists()
+
+
 def test_same_tree_same_id_and_one_copy(engine, tmp_path):
     store = SnapshotStore(tmp_path / "store")
     sid = store.put(engine)

@@ -241,14 +241,15 @@ class SnapshotStore:
         made = not dest.exists()
         dest.mkdir(parents=True, exist_ok=True)
         try:
-            for f in manifest["files"]:
-                out = dest / f["path"]
-                out.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(info.path / f["path"], out)  # follows DVC cache links, if DVC was set to use them
-                os.chmod(out, safe_mode(int(f["mode"], 8), is_dir=False))
-            if tree_hash(dest) != info.tree_hash:
+            try:  # as every copy of a tree: through descriptors, a link, FIFO or device refused, never followed
+                copied = copy_tree(info.path, dest)
+            except TreeError as e:
+                raise StoreError(f"snapshot {info.id} cannot be restored from {info.path}: {e}") from None
+            if sorted(copied) != sorted(f["path"] for f in manifest["files"]) or tree_hash(dest) != info.tree_hash:
                 raise StoreError(f"restored snapshot {info.id} in {dest} does not match its manifest (store "
                                  f"corrupted?)")
+            for f in manifest["files"]:  # DVC keeps no mode: the manifest's, made safe
+                os.chmod(dest / f["path"], safe_mode(int(str(f["mode"]), 8), is_dir=False))
         except BaseException:  # no half-restored or altered tree left where a caller could still run it
             for p in [dest] if made else list(dest.iterdir()):
                 remove_tree(p)
@@ -295,7 +296,11 @@ class SnapshotStore:
         info = self.info(snapshot_id)
         with self._lock():
             source = self._ensure_present(info)
-        if source != "present" and tree_hash(info.path) != info.tree_hash:
+        try:
+            changed = source != "present" and tree_hash(info.path) != info.tree_hash
+        except TreeError as e:
+            raise StoreError(f"snapshot {info.id} restored from the DVC {source} is no engine tree: {e}") from None
+        if changed:
             raise StoreError(f"snapshot {info.id} restored from the DVC {source} does not match its manifest")
         return source
 
