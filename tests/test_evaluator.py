@@ -385,6 +385,43 @@ def test_hang_in_build_times_out(prepared: Path, tmp_path: Path) -> None:
     assert result.wall_s < 60
 
 
+@pytest.mark.slow
+def test_a_candidate_that_ends_right_after_building_fails_and_says_so(prepared: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate that answers 'build' and then exits on its own, before it is asked anything: every check that
+    needs its replies was skipped (it is not usable), no failure was recorded, and the gate passed it with only
+    its engine and tree checks. Its ending is its failure, named in engine.errors."""
+    import textwrap
+    import time
+
+    import seis.evaluator.gate as gate
+
+    cand = H.copy_engine(tmp_path / "quits")
+    init = cand / "engine" / "__init__.py"
+    init.write_text(init.read_text() + textwrap.dedent("""
+        import __main__, os
+        if hasattr(__main__, "_reply"):
+            _orig = __main__._reply
+            def _reply_then_quit(out, **payload):
+                _orig(out, **payload)
+                os._exit(0)
+            __main__._reply = _reply_then_quit
+        """))
+    built = gate.start_and_build
+
+    def build_then_let_it_end(handles):
+        built(handles)
+        proc = next(h for h in handles if h.role == "candidate").proc.proc
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    monkeypatch.setattr(gate, "start_and_build", build_then_let_it_end)
+    result = run_gate(H.tiny_config(prepared, cand))
+    assert result.verdict == "fail" and "engine.errors" in _failed(result), result.failed_checks
+    assert "not running (exit status 0)" in next(c for c in result.checks if c.name == "engine.errors").detail
+
+
 @pytest.fixture(scope="module")
 def dev_reference(prepared: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The dev prompts exactly as the gate encodes them, and the reference's greedy outputs for them. The gates

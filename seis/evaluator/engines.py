@@ -121,7 +121,10 @@ class EngineHandle:
         if op != "build" and not self.usable:
             if self.trusted:
                 raise ReferenceEngineFailure(f"the {self.role} engine is not running (before '{op}')")
-            return None  # failed to build, died or timed out earlier: that failure is already recorded
+            if self.build_info is None or self.timed_out or self.failures:
+                return None  # failed to build, timed out or failed a call earlier: that failure is recorded
+            # it built and has ended since, on its own, with nothing recorded: the call below finds it gone and
+            # records why (attributed as any exit is), so no check is skipped for it unexplained
         limit = self.deadline.limit(per_call_s)
         self.calls += 1
         try:

@@ -260,6 +260,8 @@ def _judge(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[s
     judged = _Judged()
     with _timed(timings, "build"):
         start_and_build(list(handles.values()))
+    if cand.build_info is not None and not cand.usable:
+        cand.stats()  # it built and has ended since, on its own: the call records why (engine.errors)
     if cand.usable:
         with _timed(timings, "correctness"):
             outcome = run_correctness(ref, cand, wl, config, ref.build_info["eos_token_ids"], vocab)
