@@ -171,3 +171,38 @@ def test_an_engines_failure_reaches_the_terminal_as_printable_text(bench, tmp_pa
     assert done.returncode != 0
     assert "ZXZpbA==" in done.stderr and "\\x1b]52" in done.stderr  # said, as visible escapes
     assert not any(c in done.stderr for c in "\x1b\x07\r\u202e")
+
+
+class _Replying:
+    """An engine process stub whose generate reply is whatever the test gives."""
+
+    engine_dir = "tree"
+
+    def __init__(self, reply):
+        self.reply = reply
+
+    def generate(self, prompts, sampling, timeout_s=None):
+        return self.reply
+
+
+@pytest.mark.parametrize("reply", [
+    [{"token_ids": [7] * 7, "finish_reason": "length"}],       # one id past --new-tokens (the client keeps it)
+    [{"token_ids": "x" * 6, "finish_reason": "length"}],       # six characters counted as six tokens
+    [{"token_ids": [1.5] * 6, "finish_reason": "length"}],
+    [{"finish_reason": "stop"}],                                # a KeyError traceback
+    ["ids"],                                                    # a TypeError traceback
+    7,
+])
+def test_an_engines_reply_counts_only_as_tokens_it_could_have_produced(reply):
+    """A SEIS engine (--engine, --snapshot) is counted only by replies that could be outputs: its tok/s was the length
+    of whatever its reply held, so ids past --new-tokens on the gsm8k workload, or a string of the right length on
+    the forced one, counted as tokens, and a reply that was no mapping with token ids ended in a traceback."""
+    from seis.engine_host import EngineError
+    engine = versus.SeisEngine.__new__(versus.SeisEngine)
+    engine.proc, engine.call_timeout_s = _Replying(reply), 1.0
+    for stop in (None, ()):
+        with pytest.raises(EngineError, match="not .*token ids"):
+            engine.generate([[5, 6]], 6, stop)
+    engine.proc = _Replying([{"token_ids": [7] * 6, "finish_reason": "length"}])
+    assert engine.generate([[5, 6]], 6, ()) == [[7] * 6]
+
