@@ -206,3 +206,14 @@ def test_an_engines_reply_counts_only_as_tokens_it_could_have_produced(reply):
     engine.proc = _Replying([{"token_ids": [7] * 6, "finish_reason": "length"}])
     assert engine.generate([[5, 6]], 6, ()) == [[7] * 6]
 
+
+
+def test_a_snapshot_from_a_store_that_is_not_there_or_lacks_it_exits_with_one_line(tmp_path):
+    """--snapshot with a wrong --store made that folder a store and ended in UnknownSnapshotError's traceback."""
+    store = tmp_path / "store"
+    with pytest.raises(SystemExit, match="snapshot store not found at"):
+        versus.engine_trees([], {}, ["0123456789abcdef"], store, tmp_path / "work")
+    assert not store.exists()
+    store.mkdir()
+    with pytest.raises(SystemExit, match="--snapshot 0123456789abcdef: no snapshot"):
+        versus.engine_trees([], {}, ["0123456789abcdef"], store, tmp_path / "work")

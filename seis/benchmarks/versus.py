@@ -178,10 +178,15 @@ def engine_trees(stacks: list[tuple[str, list[str]]], engines: dict[str, Path], 
             raise SystemExit(f"--engine {label}={path}: label taken, or no engine package there")
         out[label] = path
     if snapshots:
-        from ..store import SnapshotStore
+        from ..store import SnapshotStore, StoreError
+        if not store.is_dir():  # checked here: opening a store makes its folder
+            raise SystemExit(f"snapshot store not found at {store}; pass --store DIR")
         st = SnapshotStore(store)
         for sid in snapshots:
-            out[f"snapshot {sid}"] = st.get(sid, work / f"snapshot-{sid}")
+            try:
+                out[f"snapshot {sid}"] = st.get(sid, work / f"snapshot-{sid}")
+            except (LookupError, StoreError) as e:  # unknown id, a refused or missing snapshot, DVC failing
+                raise SystemExit(f"--snapshot {sid}: {printable(str(e))}") from None
     return out
 
 
