@@ -560,6 +560,33 @@ def test_a_score_reply_with_an_impossible_log_probability_is_malformed(bad: floa
     assert forced_stats([ref], [zero]).kl > 0
 
 
+@pytest.mark.parametrize("reply", [None, 0, {}, {"eos_token_ids": "2"}, {"eos_token_ids": [[]] * 100_000}])
+def test_a_build_reply_that_is_not_one_fails_the_build_and_is_not_kept(reply, model_dir: Path) -> None:
+    """The build reply was kept as the engine sent it: null read as 'not built' with no failure recorded (the
+    engine.build check failed with the detail 'built'), anything else as built, and all of it stayed in the
+    gate's memory while the gate ran (64 MiB of a reply: a GB of lists). It is a mapping holding a short list of
+    EOS ids, kept with the plain stats and nothing else; anything else is a malformed reply."""
+    from seis.evaluator.engines import Deadline, EngineHandle
+    from seis.evaluator.errors import ReferenceEngineFailure
+    from seis.evaluator.isolation import Isolation
+
+    def handle(trusted: bool, answer) -> EngineHandle:
+        h = EngineHandle("candidate", ENGINE_TEMPLATE, model_dir, {"device": "cpu"}, Isolation(sandbox="test"),
+                         Deadline(60), 60, 60, trusted=trusted)
+        h.proc.build = lambda timeout_s=None: answer
+        return h
+
+    bad = handle(False, reply)
+    assert bad.build() is None and bad.build_info is None
+    assert [f.op for f in bad.failures] == ["build"] and "malformed reply" in bad.failures[0].message
+    with pytest.raises(ReferenceEngineFailure, match="malformed reply"):
+        handle(True, reply).build()
+    good = handle(False, {"eos_token_ids": [2], "stats": {"n": 1}, "padding": [[]] * 100_000})
+    assert good.build() is not None and not good.failures
+    assert good.build_info.eos_token_ids == [2] and good.build_info.stats == {"n": 1}
+    assert "padding" not in good.build_info.model_dump()
+
+
 def test_snapshot_is_a_private_hashed_copy(tmp_path: Path) -> None:
     src = H.copy_engine(tmp_path / "src")
     before = tree_sha256(src)

@@ -35,6 +35,18 @@ class ScoreOut(BaseModel):
     top_logprobs: list[list[LogProb]]
 
 
+MAX_EOS_IDS = 64  # a model has one to a few
+
+
+class BuildOut(BaseModel):
+    """What the gate keeps of a build reply: the EOS ids (the reference's define the EOS checks) and the plain
+    stats; whatever else the reply holds is dropped, and a reply that is no such mapping is malformed."""
+    model_config = ConfigDict(frozen=True)
+    eos_token_ids: list[StrictInt] = Field(max_length=MAX_EOS_IDS)
+    stats: dict[str, Any] = Field(default_factory=dict)
+
+
+_BUILD = TypeAdapter(BuildOut)
 _GENERATIONS = TypeAdapter(list[GenerationOut])
 _SCORES = TypeAdapter(list[ScoreOut])
 
@@ -79,7 +91,7 @@ class EngineHandle:
                                   sandbox_memory_bytes=isolation.sandbox_memory_bytes)
         self.failures: list[Failure] = []
         self.timed_out = False
-        self.build_info: dict[str, Any] | None = None
+        self.build_info: BuildOut | None = None
         self.calls = 0
 
     @property
@@ -155,8 +167,9 @@ class EngineHandle:
         self.failures.append(Failure(op, message, timeout))
         return None
 
-    def build(self) -> dict | None:
-        self.build_info = self._call("build", lambda t: self.proc.build(timeout_s=t), self.build_timeout_s)
+    def build(self) -> BuildOut | None:
+        self.build_info = self._call("build", lambda t: self.proc.build(timeout_s=t), self.build_timeout_s,
+                                     _BUILD.validate_python)
         return self.build_info
 
     def generate(self, prompts: list[list[int]], sampling: list[Sampling]) -> list[GenerationOut] | None:

@@ -264,7 +264,7 @@ def _judge(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[s
         cand.stats()  # it built and has ended since, on its own: the call records why (engine.errors)
     if cand.usable:
         with _timed(timings, "correctness"):
-            outcome = run_correctness(ref, cand, wl, config, ref.build_info["eos_token_ids"], vocab)
+            outcome = run_correctness(ref, cand, wl, config, ref.build_info.eos_token_ids, vocab)
         judged.checks, judged.calibration, judged.counts = outcome.checks, outcome.calibration, outcome.counts
     correct = all(c.passed for c in judged.checks + _engine_checks(cand))
     if config.speed.enabled and wl.speed and (correct or config.speed.run_on_fail) and cand.usable:
@@ -309,7 +309,7 @@ def _speed(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[s
         detail="timed requests that started while the GPU still ran other work (left by a frozen "
                "engine) after the idle wait's limit")]
     with _timed(timings, "timed_checks"):
-        eos_ids = ref.build_info["eos_token_ids"]
+        eos_ids = ref.build_info.eos_token_ids
         checks += timed_checks(ref, timed, calibration, config.thresholds, eos_ids, vocab,
                                wl.budget.max_seq_len, eos_gap_scale(setup.model_dir, eos_ids))
     return speed, checks
