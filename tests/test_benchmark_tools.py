@@ -54,6 +54,18 @@ def test_ladder_refuses_bad_engine_values(tmp_path, value, message):
         ladder.systems([], False, [], tmp_path, extra=ladder._labelled_dirs([value]))
 
 
+@pytest.mark.parametrize("stats", [{"verify_steps": 3}, {"verify_steps": "3", "draft_tokens": 9,
+                                                            "accepted_draft_tokens": "all"}])
+def test_an_engines_draft_counters_cannot_lose_the_ladders_results(tmp_path, stats):
+    """An --engine tree's stats are its own word: counters it left out or gave as text ended the run in a KeyError
+    or TypeError while the table was printed, after every measurement and before --json was written."""
+    summary = {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1}
+    result = {"new_tokens": 2, "greedy_prefix_equal_to_e0": {"E0": [2], "x": [2]}, "tok_per_s": {"E0": summary,
+              "x": summary}, "speedup_vs_e0": {"E0": summary, "x": summary},
+              "engines": {"E0": {"stats": {"attention_backend": "torch"}}, "x": {"stats": stats}}}
+    assert "x" in ladder._table(result)
+
+
 @pytest.mark.slow
 def test_a_batched_ladder_run_sends_every_request_of_a_call_together(tmp_path):
     # three requests on two slots: the third waits for a free slot, as post-validation's 40 do on 32

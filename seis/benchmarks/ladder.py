@@ -73,11 +73,11 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir = resolve_model(args.model)
     info, tokens, times = _time_engines(args, model_dir, _prompts(args, model_dir))
     result = _result(args, info, tokens, times)
+    if args.json:  # first: nothing shown below can lose the measurements
+        args.json.write_text(json.dumps(result, indent=2))
     print(f"{result['device']}, {args.model}, {args.batch} request(s) at once, prompt {args.prompt_len}, "
           f"{args.new_tokens} forced new tokens each, median (min–max) of {args.reps}, commit {result['commit']}:")
     print(_table(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
     return result
 
 
@@ -220,12 +220,12 @@ def _table(result: dict) -> str:
 
 
 def _draft_summary(stats: dict) -> str:
-    """How a speculating engine's drafts fared (its counters), or nothing for one that does not draft."""
-    steps = stats.get("verify_steps")
-    if not steps:
+    """How a speculating engine's drafts fared (its counters), or nothing for one that does not draft or whose
+    counters are not counts (an --engine tree's stats are its own word)."""
+    steps, drafted, accepted = (stats.get(k) for k in ("verify_steps", "draft_tokens", "accepted_draft_tokens"))
+    if not steps or not all(type(v) is int and v >= 0 for v in (steps, drafted, accepted)):
         return ""
-    return (f"{stats['accepted_draft_tokens']}/{stats['draft_tokens']} tokens accepted, "
-            f"{1 + stats['accepted_draft_tokens'] / steps:.2f} tokens per verify step")
+    return f"{accepted}/{drafted} tokens accepted, {1 + accepted / steps:.2f} tokens per verify step"
 
 
 def _drafts(stats: dict) -> str:
