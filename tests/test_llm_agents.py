@@ -217,6 +217,32 @@ def test_turn_budget_ends_the_session_cleanly(tmp_path, env):
     assert [e["type"] for e in _transcript(tmp_path)].count("note") == 1
 
 
+def test_a_session_without_a_wall_clock_still_ends_cleanly_before_its_steps_outer_timeout(tmp_path, env,
+                                                                                           monkeypatch):
+    """Turns do not bound time: each may run dev benchmarks (30 minutes each) and shell commands (10 minutes), and a
+    run may allow 10,000 turns. Without agent_wall_s nothing bounded them, so a session could outlast its step's
+    outer timeout, which stopped the whole run (and a resume ran the session again). An SDK session now always has
+    a wall clock, inside that timeout, and ends at it as at any budget: cleanly, its edit gated."""
+    import time
+    from seis.agents.llm import agent as agent_module
+    from seis.run_config import RunConfig
+    from seis.session.timeouts import MARGIN_S, step_timeouts
+    for kind in ("anthropic", "openai"):
+        assert step_timeouts(RunConfig(agent=kind)).agent_s >= agent_module.SDK_DEFAULT_WALL_S + MARGIN_S
+    monkeypatch.setattr(agent_module, "SDK_DEFAULT_WALL_S", 2.0)
+    slow_bench = lambda root: time.sleep(0.1) or FAKE_TABLE  # noqa: E731
+    ws = _ws(tmp_path)
+    script = [Reply(calls=(("edit_file", EDIT),))] + [Reply(calls=(("dev_benchmark", {}),) * 2, delay_s=0.05)] * 60
+    t0 = time.monotonic()
+    with FakeAPI("openai", script) as api:
+        env(api)
+        agent = LLMAgent(LLMSettings("openai", model="gpt-4.1", max_retries=0, max_turns=1000),
+                         dev_benchmark=slow_bench)
+        result = agent.edit(ws, SessionContext("c0", 0))
+    assert "wall-clock budget spent" in result.notes and time.monotonic() - t0 < 10
+    assert result.status == "edited" and "+# SEIS test" in ws.diff()
+
+
 def test_token_budget_keeps_an_edit_for_the_gate(tmp_path, env):
     ws = _ws(tmp_path)
     script = [Reply(calls=(("edit_file", EDIT),), usage=(150, 30))] + [

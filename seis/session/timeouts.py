@@ -9,7 +9,7 @@ from ..run_config import RunConfig
 
 MARGIN_S = 600.0
 OFFLINE_AGENT_S = 3600.0
-LLM_AGENT_S = 6 * 3600.0      # without agent_wall_s: its turns are bounded, their sum only loosely
+LLM_AGENT_S = 6 * 3600.0      # without agent_wall_s: above the agents' own default wall clocks (SDK 5 h, cli 1 h)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .prompt import Prompt, load_template, render_prompt
 from .redact import Redactor
 from .result import SessionEnd, build_result
 from .secrets import SecretSet, scan_secrets
-from .settings import LLMSettings
+from .settings import SDK_DEFAULT_WALL_S, LLMSettings
 from .tools import DevBenchmark, ToolOutcome, Toolbox
 from .transcript import Transcript
 
@@ -134,7 +134,7 @@ class LLMAgent:
         redactor = Redactor()
         transcript = Transcript(session_dir_of(workspace, context) / TRANSCRIPT, redactor)
         budget = context.budget
-        wall = min((w for w in (s.wall_s, budget.max_wall_s) if w), default=None)
+        wall = min((w for w in (s.wall_s, budget.max_wall_s) if w), default=SDK_DEFAULT_WALL_S)
         meter = Meter(price_for(s.resolved_model, s.prices), s.max_turns, budget.max_tokens, budget.max_cost_usd,
                       wall)
         template = load_template(s.prompt_template)

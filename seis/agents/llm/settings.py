@@ -19,6 +19,10 @@ DEFAULT_MODELS: dict[str, str] = {"anthropic": "claude-sonnet-4-6", "openai": "g
 KEY_ENV: dict[str, tuple[str, ...]] = {"anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
                                        "openai": ("OPENAI_API_KEY",)}
 BASE_URL_ENV: dict[str, str] = {"anthropic": "ANTHROPIC_BASE_URL", "openai": "OPENAI_BASE_URL"}
+# An SDK session's wall clock when the run sets none (agent_wall_s): turns alone do not bound time (each may run dev
+# benchmarks and shell commands for many minutes, and a run may allow 10,000 turns). Below the session step's outer
+# timeout (seis.session.timeouts.LLM_AGENT_S), so a session ends at it cleanly instead of stopping the run.
+SDK_DEFAULT_WALL_S = 5 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,8 @@ class LLMSettings:
     prompt_template: str = "session_v1"      # a bundled template name or a file path
     prices: dict[str, tuple[float, ...]] = field(default_factory=dict)  # model prefix -> ($/Mtok in, out, ...)
     command: str | None = None               # cli: a bash command line run in the workspace
-    wall_s: float | None = None              # whole-session wall-clock limit (cli: the command's timeout)
+    wall_s: float | None = None              # whole-session wall-clock limit (cli: the command's timeout; None:
+                                             # the cli's DEFAULT_WALL_S, the SDK agents' SDK_DEFAULT_WALL_S)
     shell_timeout_s: float = 300.0           # run_shell default (the model may ask for less, or up to 2x)
     network: Network = "none"                # cli: none | api (its API endpoints only, via a proxy) | host
     pass_env: tuple[str, ...] = ()           # cli: env var names handed to the cli process (its own API key)
