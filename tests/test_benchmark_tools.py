@@ -66,6 +66,22 @@ def test_an_engines_draft_counters_cannot_lose_the_ladders_results(tmp_path, sta
     assert "x" in ladder._table(result)
 
 
+@pytest.mark.parametrize("reply", [[{"token_ids": "xy"}], ["ids"], [{"token_ids": [1, None]}], 7])
+def test_a_ladder_engines_reply_counts_only_as_tokens_it_could_have_produced(reply):
+    """As in versus: a string of --new-tokens characters passed the length check as that many tokens, and a reply
+    that was no mapping with token ids ended in a traceback instead of the engine's error."""
+    from seis.engine_host import EngineError
+
+    class Engine:
+        engine_dir = "tree"
+
+        def generate(self, batch, sampling):
+            return reply
+
+    with pytest.raises(EngineError, match="not lists of at most 2 token ids"):
+        ladder._timed_call(Engine(), "x", [[5]], None, 2)
+
+
 @pytest.mark.slow
 def test_a_batched_ladder_run_sends_every_request_of_a_call_together(tmp_path):
     # three requests on two slots: the third waits for a free slot, as post-validation's 40 do on 32

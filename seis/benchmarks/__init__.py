@@ -17,3 +17,18 @@ def engine_failures_shown() -> Iterator[None]:
         yield
     except EngineError as e:
         raise SystemExit(f"an engine failed: {printable(str(e))}") from None
+
+
+def token_outputs(engine, reply: object, max_new_tokens: int) -> list[list[int]]:
+    """The token ids of each output of a SEIS engine's generate reply, each a list of at most max_new_tokens ints,
+    or the engine's error (EngineError): a benchmark counts them as tokens, so a string of the right length, an id
+    past the limit (the engine client keeps one) or anything else an engine tree may reply never counts."""
+    from ..engine_host import EngineError
+
+    outs = [o.get("token_ids") if isinstance(o, dict) else None for o in reply] if isinstance(reply, list) \
+        else [reply]
+    for o in outs:
+        if not isinstance(o, list) or len(o) > max_new_tokens or not all(type(t) is int for t in o):
+            raise EngineError(f"{engine.engine_dir}: a generate reply whose outputs are not lists of at most "
+                              f"{max_new_tokens} token ids: {str(o)[:100]}")
+    return outs

@@ -25,7 +25,7 @@ from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
 from ..stats import fmt_range, summarize
-from . import engine_failures_shown
+from . import engine_failures_shown, token_outputs
 from .provenance import source_commit
 
 
@@ -180,7 +180,7 @@ def _timed_call(engine, name: str, batch: list[list[int]], sampling, new_tokens:
     """One generate call of the whole batch: its tok/s over the call's wall time (prefill included) and the outputs,
     each exactly new_tokens long (ignore_eos forces them; anything else is an engine fault)."""
     t0 = time.perf_counter()
-    outs = [o["token_ids"] for o in engine.generate(batch, sampling)]
+    outs = token_outputs(engine, engine.generate(batch, sampling), new_tokens)
     dt = time.perf_counter() - t0
     if [len(o) for o in outs] != [new_tokens] * len(batch):
         raise SystemExit(f"{name} returned {[len(o) for o in outs]} tokens, not {new_tokens} "

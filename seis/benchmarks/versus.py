@@ -37,7 +37,7 @@ from pathlib import Path
 from .. import tables
 from ..stats import summarize
 from ..tables import printable
-from . import engine_failures_shown
+from . import engine_failures_shown, token_outputs
 
 VANILLA = "vanilla mini-sglang"
 
@@ -106,20 +106,12 @@ class SeisEngine:
     def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_ids: tuple[int, ...] | None
                  ) -> list[list[int]]:
         """stop_ids None: the engine's own EOS ids; else exactly these (none: every request runs to the limit). Each
-        output is what a request could have produced, at most max_new_tokens ids, or the engine's error: its tok/s
-        counts them."""
-        from ..engine_host import EngineError
+        output is what a request could have produced, or the engine's error (token_outputs): its tok/s counts them."""
         from ..engine_host.client import Sampling
         sampling = Sampling(max_new_tokens=max_new_tokens) if stop_ids is None else \
             Sampling(max_new_tokens=max_new_tokens, ignore_eos=True, stop_token_ids=stop_ids)
         reply = self.proc.generate(prompts, sampling, timeout_s=self.call_timeout_s)
-        outs = [o.get("token_ids") if isinstance(o, dict) else None for o in reply] if isinstance(reply, list) \
-            else [reply]
-        for o in outs:
-            if not isinstance(o, list) or len(o) > max_new_tokens or not all(type(t) is int for t in o):
-                raise EngineError(f"{self.proc.engine_dir}: a generate reply whose outputs are not lists of at most "
-                                  f"{max_new_tokens} token ids: {str(o)[:100]}")
-        return outs
+        return token_outputs(self.proc, reply, max_new_tokens)
 
     def stats(self) -> dict:
         return self.proc.stats()
