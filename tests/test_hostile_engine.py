@@ -167,3 +167,27 @@ def test_an_engines_replies_are_kept_only_to_what_their_requests_can_be_judged_b
     assert [len(s["top_ids"]) for s in scores] == [3, 2, 1]
     assert all(len(row) == 3 for s in scores[:2] for row in s["top_ids"] + s["top_logprobs"])
     assert all("extra" not in s for s in scores)
+
+
+def test_an_engines_error_reply_is_kept_short_however_long_its_message(tmp_path):
+    """An engine's error reply became the EngineError's message whole: a 20 MB message per failed call went into
+    the gate's failures (all of them held until the gate ended), into three checks' details in gate.json, the speed
+    row's error and the dev benchmark's errors an agent reads. The host keeps the start of it, and says how much
+    it left out."""
+    from seis.engine_host.client import MAX_ERROR_CHARS
+    tree = copy_engine(tmp_path / "engine_dir")
+    init = tree / "engine" / "__init__.py"
+    init.write_text(init.read_text() + textwrap.dedent("""
+        def _generate(self, prompts, params):
+            raise RuntimeError("the start of it " + "x" * 20_000_000)
+        Engine.generate = _generate
+        """))
+    from seis.engine_host.client import Sampling
+    with EngineProcess(tree, resolve_model("tiny-qwen3"), OPTIONS, timeout_s=60) as eng:
+        eng.build()
+        with pytest.raises(EngineError) as raised:
+            eng.generate([[1, 2]], Sampling(max_new_tokens=2))
+        assert eng.pids() != []  # an error reply is the engine's answer: it keeps serving
+    message = str(raised.value)
+    assert message.startswith("RuntimeError: the start of it xxx") and len(message) < MAX_ERROR_CHARS + 100
+    assert "characters left out" in message

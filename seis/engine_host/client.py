@@ -55,6 +55,17 @@ def _plain(v: Any) -> bool:
 
 
 MAX_FINISH_CHARS = 16   # of a finish reason kept: the contract's are "stop" and "length", a longer one is wrong
+MAX_ERROR_CHARS = 2000  # of an error reply kept: its start names the exception and what went wrong
+
+
+def error_text(error: Any) -> str:
+    """An engine's error reply as the host keeps it: its first MAX_ERROR_CHARS characters, and how many it left
+    out. Each failed call's message is held until the gate ends and written into its checks, speed rows and the
+    dev benchmark's errors; a reply line may hold 64 MiB of message."""
+    text = error if isinstance(error, str) else "unknown engine error"
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return f"{text[:MAX_ERROR_CHARS]}… ({len(text) - MAX_ERROR_CHARS} characters left out)"
 
 
 def bounded_generations(reply: Any, params: list[Sampling]) -> Any:
@@ -234,7 +245,7 @@ class EngineProcess:
         if not isinstance(reply, dict) or reply.get("id") != rid:
             self._protocol_broken(f"reply does not answer the current '{op}' request (stale, repeated or forged)")
         if not reply.get("ok"):
-            raise EngineError(str(reply.get("error", "unknown engine error")))
+            raise EngineError(error_text(reply.get("error")))
         return reply.get("result")
 
     # Typed conveniences over `call` (timeout_s: this call's limit, default the instance's).
