@@ -386,40 +386,58 @@ def test_hang_in_build_times_out(prepared: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_candidate_that_ends_right_after_building_fails_and_says_so(prepared: Path, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A candidate that answers 'build' and then exits on its own, before it is asked anything: every check that
-    needs its replies was skipped (it is not usable), no failure was recorded, and the gate passed it with only
-    its engine and tree checks. Its ending is its failure, named in engine.errors."""
+@pytest.mark.parametrize("when", ["after_build", "before_speed"])
+def test_a_candidate_that_ends_on_its_own_between_calls_fails_and_says_so(when: str, prepared: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate that ends on its own between two calls of the gate: right after its build reply (the gate then
+    skipped every correctness check, since it was not usable, and passed it on its engine and tree checks alone),
+    or after its last correctness reply (the timing and every timed check were skipped: a pass that no timed output
+    backs). Nothing was recorded either time. Its ending is its failure, named in engine.errors."""
+    import signal
     import textwrap
     import time
 
     import seis.evaluator.gate as gate
 
-    cand = H.copy_engine(tmp_path / "quits")
-    init = cand / "engine" / "__init__.py"
-    init.write_text(init.read_text() + textwrap.dedent("""
-        import __main__, os
-        if hasattr(__main__, "_reply"):
-            _orig = __main__._reply
-            def _reply_then_quit(out, **payload):
-                _orig(out, **payload)
-                os._exit(0)
-            __main__._reply = _reply_then_quit
-        """))
-    built = gate.start_and_build
-
-    def build_then_let_it_end(handles):
-        built(handles)
-        proc = next(h for h in handles if h.role == "candidate").proc.proc
+    def until_ended(proc) -> None:
         deadline = time.monotonic() + 30
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    monkeypatch.setattr(gate, "start_and_build", build_then_let_it_end)
-    result = run_gate(H.tiny_config(prepared, cand))
+    cand = H.copy_engine(tmp_path / "quits")
+    if when == "after_build":  # it exits as soon as its build reply is out
+        init = cand / "engine" / "__init__.py"
+        init.write_text(init.read_text() + textwrap.dedent("""
+            import __main__, os
+            if hasattr(__main__, "_reply"):
+                _orig = __main__._reply
+                def _reply_then_quit(out, **payload):
+                    _orig(out, **payload)
+                    os._exit(0)
+                __main__._reply = _reply_then_quit
+            """))
+        built = gate.start_and_build
+
+        def build_then_let_it_end(handles):
+            built(handles)
+            until_ended(next(h for h in handles if h.role == "candidate").proc.proc)
+
+        monkeypatch.setattr(gate, "start_and_build", build_then_let_it_end)
+    else:  # it ends (SIGTERM: not the OOM killer's way) once its correctness calls are answered
+        checked = gate.run_correctness
+
+        def check_then_end_it(ref, candidate, *args):
+            outcome = checked(ref, candidate, *args)
+            for pid in candidate.pids():
+                os.kill(pid, signal.SIGTERM)
+            until_ended(candidate.proc.proc)
+            return outcome
+
+        monkeypatch.setattr(gate, "run_correctness", check_then_end_it)
+    speed = SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8)
+    result = run_gate(H.tiny_config(prepared, cand, speed=speed))
     assert result.verdict == "fail" and "engine.errors" in _failed(result), result.failed_checks
-    assert "not running (exit status 0)" in next(c for c in result.checks if c.name == "engine.errors").detail
+    assert "engine process is not running" in next(c for c in result.checks if c.name == "engine.errors").detail
 
 
 @pytest.fixture(scope="module")

@@ -99,6 +99,19 @@ class EngineHandle:
         return self.build_info is not None and not self.timed_out and self.proc.proc is not None \
             and self.proc.proc.poll() is None
 
+    @property
+    def _ended_unexplained(self) -> bool:
+        """An untrusted engine that built and has since ended on its own, with no failure of it recorded."""
+        return not (self.usable or self.trusted or self.build_info is None or self.timed_out or self.failures)
+
+    def running(self) -> bool:
+        """`usable`, for deciding whether to ask the engine more. An engine that ended unexplained gets its ending
+        recorded first (by a call, which finds it gone and attributes the exit as any call does): whatever is
+        skipped because an engine is gone is explained by a failed check, never passed over."""
+        if self._ended_unexplained:
+            self.stats()
+        return self.usable
+
     def pids(self) -> list[int]:
         """Every process of this engine's sandbox."""
         return self.proc.pids()
@@ -133,10 +146,9 @@ class EngineHandle:
         if op != "build" and not self.usable:
             if self.trusted:
                 raise ReferenceEngineFailure(f"the {self.role} engine is not running (before '{op}')")
-            if self.build_info is None or self.timed_out or self.failures:
+            if not self._ended_unexplained:
                 return None  # failed to build, timed out or failed a call earlier: that failure is recorded
-            # it built and has ended since, on its own, with nothing recorded: the call below finds it gone and
-            # records why (attributed as any exit is), so no check is skipped for it unexplained
+            # it ended on its own since its last call: the call below finds it gone and records why
         limit = self.deadline.limit(per_call_s)
         self.calls += 1
         try:

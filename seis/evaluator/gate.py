@@ -260,14 +260,12 @@ def _judge(config: GateConfig, setup: _Setup, wl: GateWorkloads, handles: dict[s
     judged = _Judged()
     with _timed(timings, "build"):
         start_and_build(list(handles.values()))
-    if cand.build_info is not None and not cand.usable:
-        cand.stats()  # it built and has ended since, on its own: the call records why (engine.errors)
-    if cand.usable:
+    if cand.running():
         with _timed(timings, "correctness"):
             outcome = run_correctness(ref, cand, wl, config, ref.build_info.eos_token_ids, vocab)
         judged.checks, judged.calibration, judged.counts = outcome.checks, outcome.calibration, outcome.counts
     correct = all(c.passed for c in judged.checks + _engine_checks(cand))
-    if config.speed.enabled and wl.speed and (correct or config.speed.run_on_fail) and cand.usable:
+    if config.speed.enabled and wl.speed and (correct or config.speed.run_on_fail) and cand.running():
         judged.speed, speed_checks = _speed(config, setup, wl, handles, judged.calibration, vocab, timings)
         judged.checks += speed_checks
     judged.stats = {role: h.stats() for role, h in handles.items() if h.usable}

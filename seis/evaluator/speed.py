@@ -127,7 +127,7 @@ def _measure(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, .
                         continue
                     engine = engines[name]
                     others = [e for n, e in engines.items() if n != name]
-                    timing, out = _timed_call(engine, others, idle, call_prompts, sampling) if engine.usable \
+                    timing, out = _timed_call(engine, others, idle, call_prompts, sampling) if engine.running() \
                         else (None, None)
                     outs[name][-1].extend(out if out is not None else [None] * len(call_prompts))
                     if timing is None:
