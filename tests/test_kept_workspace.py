@@ -133,3 +133,30 @@ def test_an_interrupted_session_leaves_its_workspace_sanitized(tmp_path, monkeyp
     assert not (ws.root / ".git").exists() and not (ws.root / "engine" / "bare" / "HEAD").exists()
     assert not (ws.root / "engine" / "link").is_symlink()
     assert not (ws.root / "engine" / "suid").stat().st_mode & 0o7000
+
+
+def test_reports_the_harness_laid_out_are_not_taken_for_the_sessions_keys(tmp_path):
+    """An earlier agent's report is redacted, then laid out read-only in every later workspace of its chain (and of
+    its peers at a sync). Text the redactor leaves but the scan calls key-shaped ('ésk-' and 16 more letters and
+    digits: no word boundary before 's' for the one, the bytes read as Latin-1 for the other) made every later
+    session 'held an API key': rejected, the report blanked, the chain stuck for good. What the harness laid out
+    is not the session's output; what the agent writes, a `peers/` of its own making included, is scanned."""
+    from seis.agents import SessionBlock, render_report, stamp_verdict
+    from seis.workspace import PeerMaterial, Report
+    text = "See ésk-abcdefghijklmnop1 for why."
+    md = Redactor().text(stamp_verdict(render_report(SessionBlock("c1", 0, "a", ("x",)), text, [], []),
+                                       "retained", "t"))
+    assert "ésk-abcdefghijklmnop1" in md  # what the redactor leaves as it is
+    peer = PeerMaterial("c1", ENGINE_TEMPLATE, (Report("c1", 0, md, "retained"),))
+    own = Report("c0", 0, md.replace("c1", "c0"), "retained")
+    ws = prepare_workspace(ENGINE_TEMPLATE, tmp_path / "sync" / "workspace", [own], [peer])
+    assert finish_workspace(ws, Redactor()) is None
+    assert text in (ws.root / "reports" / "c0-000.md").read_text()
+    assert text in (ws.root / "peers" / "c1" / "reports" / "c1-000.md").read_text()
+    # a key the agent wrote is still found, in the engine and in a peers/ it made where none was laid out
+    (ws.root / "engine" / "k.py").write_text(f"k = {KEY!r}\n")
+    assert "engine/k.py: held an API key" in finish_workspace(ws, Redactor(secrets=[KEY]))
+    ws = prepare_workspace(ENGINE_TEMPLATE, tmp_path / "alone" / "workspace", [own])
+    (ws.root / "peers").mkdir()
+    (ws.root / "peers" / "k.py").write_text(f"k = {KEY!r}\n")
+    assert "peers/k.py: held an API key" in finish_workspace(ws, Redactor(secrets=[KEY]))

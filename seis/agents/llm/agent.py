@@ -64,9 +64,14 @@ def tree_changed(workspace: Workspace) -> bool:
 def finish_workspace(workspace: Workspace, redactor: Redactor) -> str | None:
     """After the session (nothing of the agent alive): make the tree safe for the host (sanitize_workspace),
     blank every file that holds a key and remove every file or directory whose name holds one. Returns why the
-    session is rejected, or None."""
+    session is rejected, or None.
+
+    The session material the harness laid out (reports/, and peers/ at a sync: read-only to the agent, the reports
+    redacted when written) is not scanned as the agent's output: a report whose text the scan, not the redactor,
+    takes for a key would otherwise reject every later session that inherits it."""
     problems = sanitize_workspace(workspace.root)
-    leaks = scan_secrets(workspace.root, redactor.secrets)
+    laid_out = [workspace.reports_dir] + ([workspace.peers_dir] if workspace.peers else [])
+    leaks = scan_secrets(workspace.root, redactor.secrets, skip=laid_out)
     names = SecretSet(redactor.secrets)
     for leak in leaks:
         parts = leak.path.split("/")

@@ -19,6 +19,7 @@ import bisect
 import codecs
 import os
 import re
+import stat
 import unicodedata
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -188,7 +189,28 @@ def find_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list
     return [str(f) for f in scan_secrets(tree, secrets)]
 
 
-def scan_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list[Finding]:
+def _skipping(dirs: Iterable[str | Path]):
+    """A walk's `enter` that keeps out of these directories (as they are now: by device and inode), or None."""
+    ids = set()
+    for d in dirs:
+        try:
+            st = os.stat(d, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            ids.add((st.st_dev, st.st_ino))
+
+    def enter(entry: os.DirEntry) -> bool:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) not in ids
+    return enter if ids else None
+
+
+def scan_secrets(tree: str | Path, secrets: Iterable[str] | None = None,
+                 skip: Iterable[str | Path] = ()) -> list[Finding]:
     """Every file under `tree` that holds a secret, in its content or its path. `secrets`: the values to look
     for; None means the key-like variables of this process's environment (secret_values()). Key-shaped strings
     (sk-ant-..., sk-..., ghp_...) count as well.
@@ -196,13 +218,14 @@ def scan_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list
     Symlinks are not followed (each is reported, since a link can reveal nothing by itself but may point at a
     file holding one), files that cannot be read or are larger than MAX_SCAN_BYTES are reported as such, and so
     are directories more than MAX_DEPTH levels deep and whatever is left once MAX_SCAN_TOTAL_BYTES have been
-    read: a tree that cannot be checked is not clean. The walk has no recursion and reads each file once. An
-    empty list: nothing found."""
+    read: a tree that cannot be checked is not clean. The walk has no recursion and reads each file once. `skip`:
+    directories of the tree not scanned (what the harness laid out in a workspace, which its agent cannot write).
+    An empty list: nothing found."""
     root = Path(tree)
     matcher = SecretSet(secret_values() if secrets is None else secrets)
     found: list[Finding] = []
     budget = MAX_SCAN_TOTAL_BYTES
-    for item in walk(root):
+    for item in walk(root, enter=_skipping(skip)):
         if isinstance(item, Unreadable):
             found.append(Finding(item.path.relative_to(root).as_posix(),
                                  f"unreadable directory ({item.error.strerror or item.error})"))
