@@ -104,6 +104,24 @@ def test_a_diff_names_files_past_its_limits_and_stays_small(parent, tmp_path, mo
     assert len(diff) < 20_000
 
 
+def test_a_diff_past_its_limit_stops_naming_files(parent, tmp_path, monkeypatch):
+    """Past its size the diff named every further file, twice in its header: a workspace may hold 100,000 files
+    with 1,000-byte paths, 200 MB of names built in the orchestrator and written for each session. It names them
+    up to a limit of their own, then counts the rest."""
+    from seis.workspace import diff as diff_mod
+    monkeypatch.setattr(diff_mod, "MAX_DIFF_CHARS", 2_000)
+    monkeypatch.setattr(diff_mod, "MAX_NAMED_CHARS", 5_000)
+    ws = tmp_path / "ws"
+    copy_tree(parent, ws)
+    (ws / "engine" / "many.py").write_text("x = 1\n" * 1_000)
+    (ws / "engine" / "z").mkdir()
+    for i in range(2_000):
+        (ws / "engine" / "z" / f"{i:04d}-{'n' * 200}.py").write_text("")
+    diff = diff_workspace(parent, ws)
+    assert diff.count("+x = 1\n") == 1_000 and len(diff) < 2_000 + 5_000 + 10_000
+    assert diff.endswith("more files differ, not named: the diff is past its size limit\n")
+
+
 def test_hash_is_stable_and_ignores_caches_and_session_dirs(parent, tmp_path):
     h = tree_hash(parent)
     assert h == tree_hash(parent) and len(h) == 64

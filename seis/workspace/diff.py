@@ -10,10 +10,12 @@ from .tree import read_tree_file, tree_files
 
 _NO_EOL = "\\ No newline at end of file\n"
 # The diff is for people, and an agent wrote the tree: a file past these is named as changed, not diffed (difflib
-# can take quadratic time and holds every line as an object), and past MAX_DIFF_CHARS the files are only named.
+# can take quadratic time and holds every line as an object), past MAX_DIFF_CHARS the files are only named, and past
+# MAX_NAMED_CHARS more only counted (a workspace may hold 100,000 files with 1,000-byte paths: 200 MB of names).
 MAX_DIFF_FILE_BYTES = 1 << 20
 MAX_DIFF_LINES = 10_000
 MAX_DIFF_CHARS = 8 << 20
+MAX_NAMED_CHARS = 1 << 20
 
 
 def _text(data: bytes) -> list[str] | None:
@@ -53,11 +55,14 @@ def diff_trees(old_dir: str | Path, new_dir: str | Path) -> str:
     """Diff of every engine-tree file that differs, in sorted path order ('' when the trees are equal)."""
     old_dir, new_dir = Path(old_dir), Path(new_dir)
     old_files, new_files = set(tree_files(old_dir)), set(tree_files(new_dir))
-    parts, size = [], 0
+    parts, size, unnamed = [], 0, 0
     for rel in sorted(old_files | new_files):
         old = read_tree_file(old_dir, rel) if rel in old_files else None
         new = read_tree_file(new_dir, rel) if rel in new_files else None
         if old == new:
+            continue
+        if size > MAX_DIFF_CHARS + MAX_NAMED_CHARS:
+            unnamed += 1
             continue
         if max(len(old or b""), len(new or b"")) > MAX_DIFF_FILE_BYTES:
             part = f"diff --git a/{rel} b/{rel}\n# not shown: larger than {MAX_DIFF_FILE_BYTES // 2**20} MiB\n"
@@ -67,6 +72,8 @@ def diff_trees(old_dir: str | Path, new_dir: str | Path) -> str:
             part = _file_diff(rel, old, new, _mode(new_dir / rel if new is not None else old_dir / rel))
         parts.append(part)
         size += len(part)
+    if unnamed:
+        parts.append(f"# and {unnamed:,} more files differ, not named: the diff is past its size limit\n")
     return "".join(parts)
 
 
