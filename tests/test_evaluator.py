@@ -185,8 +185,8 @@ def test_a_gpu_that_never_goes_idle_is_counted(monkeypatch) -> None:
 
 
 def test_an_engine_that_resists_freezing_is_killed_and_fails() -> None:
-    """It could run beside the engine being timed: the candidate's is a recorded failure, the reference's stops
-    the gate."""
+    """It could run beside the engine being timed, whether it kept running when frozen or ran while frozen: the
+    candidate's is a recorded failure, the reference's stops the gate."""
     from seis.evaluator.engines import EngineHandle
     from seis.evaluator.errors import ReferenceFailure
     from seis.sandbox import SandboxError
@@ -195,22 +195,26 @@ def test_an_engine_that_resists_freezing_is_killed_and_fails() -> None:
         def freeze(self):
             raise SandboxError("the sandbox's processes did not stay stopped for 5 s (2 kept running or were resumed)")
 
+        def thaw(self):
+            return True  # one of its processes ran while it was frozen (it had the kernel resume it)
+
     class Proc:
         box, killed = Box(), False
 
         def kill(self):
             self.killed = True
 
-    for trusted in (False, True):
-        handle = EngineHandle.__new__(EngineHandle)
-        handle.role, handle.trusted, handle.failures, handle.proc = "candidate", trusted, [], Proc()
-        if trusted:
-            with pytest.raises(ReferenceFailure, match="did not stay stopped"):
-                handle.freeze()
-        else:
-            handle.freeze()
-            assert [f.op for f in handle.failures] == ["freeze"] and "did not stay stopped" in str(handle.failures[0])
-        assert handle.proc.killed
+    for step, says in (("freeze", "did not stay stopped"), ("thaw", "ran while it was frozen")):
+        for trusted in (False, True):
+            handle = EngineHandle.__new__(EngineHandle)
+            handle.role, handle.trusted, handle.failures, handle.proc = "candidate", trusted, [], Proc()
+            if trusted:
+                with pytest.raises(ReferenceFailure, match=says):
+                    getattr(handle, step)()
+            else:
+                getattr(handle, step)()
+                assert [f.op for f in handle.failures] == ["freeze"] and says in str(handle.failures[0])
+            assert handle.proc.killed
 
 
 def test_speed_interleaves_per_request_and_pairs_ratios() -> None:

@@ -363,6 +363,44 @@ def test_freeze_stops_what_runs_in_namespaces_the_sandbox_made() -> None:
     assert not _marked(marker)
 
 
+# A process that has the kernel resume it: a POSIX timer whose signal is SIGCONT, every 20 ms, then a spin.
+WAKES_ITSELF = textwrap.dedent("""
+    import ctypes, signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    class Event(ctypes.Structure):
+        _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                    ("pad", ctypes.c_byte * 48)]
+    class Spec(ctypes.Structure):
+        _fields_ = [("interval", ctypes.c_long * 2), ("value", ctypes.c_long * 2)]
+    event, timer = Event(signo=signal.SIGCONT, notify=0), ctypes.c_void_p()  # SIGEV_SIGNAL
+    assert libc.timer_create(1, ctypes.byref(event), ctypes.byref(timer)) == 0
+    every = (ctypes.c_long * 2)(0, 20_000_000)
+    assert libc.timer_settime(timer, 0, ctypes.byref(Spec(every, every)), None) == 0
+    print("armed", flush=True)
+    while True:
+        pass
+    """)
+
+
+@pytest.mark.parametrize("wakes", [False, True])
+def test_a_sandbox_that_runs_while_frozen_is_told_when_it_is_thawed(wakes: bool) -> None:
+    """SIGSTOP is not a freeze the sandbox cannot undo: the kernel resumes a stopped process when a signal it
+    arranged itself is SIGCONT (a POSIX timer's, a file's F_SETSIG, a child's exit signal), with nothing of the
+    sandbox left running to send it. Such a process ran beside the engine being timed (it could slow it down)
+    while freeze() had seen it stopped. thaw() says whether any process of the sandbox ran since freeze();
+    a spinner that stays stopped did not."""
+    code = WAKES_ITSELF if wakes else "print('armed', flush=True)\nwhile True:\n    pass\n"
+    box = SandboxedProcess(["python3", "-c", code], SandboxPolicy(binds=(), env=allowed_env()))
+    proc = box.start()
+    try:
+        assert proc.stdout.readline() == b"armed\n"
+        box.freeze()
+        time.sleep(0.5)
+        assert box.thaw() is wakes
+    finally:
+        box.kill()
+
+
 def _marked(marker: str) -> list[int]:
     found = []
     for name in os.listdir("/proc"):

@@ -131,8 +131,16 @@ class EngineHandle:
             self._fail("freeze", str(e))
 
     def thaw(self) -> None:
-        if self.proc.box is not None:
-            self.proc.box.thaw()
+        """Resume the engine's sandbox. One whose processes ran while it was frozen (one of them had the kernel
+        resume it) may have run beside the timed engine: it is killed, and fails (the reference's stops the
+        gate)."""
+        if self.proc.box is None or not self.proc.box.thaw():
+            return
+        self.proc.kill()
+        message = "its processes ran while it was frozen for another engine's timed request"
+        if self.trusted:
+            raise ReferenceFailure(f"the {self.role} engine: {message}")
+        self._fail("freeze", message)
 
     def start(self) -> None:
         self.proc.start()

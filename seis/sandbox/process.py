@@ -70,6 +70,30 @@ def _states(pid: int) -> list[bytes]:
 _DEAD = (b"Z", b"X")
 
 
+def _run_ns(pid: int) -> dict[tuple[int, int], int]:
+    """How long each live thread of the process has run, in nanoseconds (schedstat's first field; the thread's
+    ticks of CPU time where the kernel keeps no schedstat), by (pid, thread id)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    ran = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] in _DEAD:
+                continue
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                    ran[(pid, int(tid))] = int(f.read().split()[0])
+            except FileNotFoundError:
+                ran[(pid, int(tid))] = int(fields[11]) + int(fields[12])  # utime + stime
+        except (OSError, IndexError, ValueError):
+            pass  # the thread ended meanwhile
+    return ran
+
+
 def _alive(pid: int) -> bool:
     """A process with a thread that is not dead. Zombies count as gone: they run nothing, and an orphaned sandbox
     init waits as a zombie until the host's init reaps it."""
@@ -266,6 +290,7 @@ class SandboxedProcess:
         self.cage: MemoryCage | None = None   # the memory cgroup bounding the whole sandbox, when there is one
         self._oom_kills = 0
         self._memory_watch: MemoryWatch | None = None   # the same bound where no cgroup could be made
+        self._ran_when_frozen: dict[tuple[int, int], int] | None = None   # freeze(): what each thread had run
 
     @property
     def description(self) -> str:
@@ -365,7 +390,7 @@ class SandboxedProcess:
         stop every member not stopped, then look twice, a moment apart, sending nothing between. When both looks
         find every member stopped, none was left running to resume another. Raises SandboxError if that does not
         happen within timeout_s: an honest engine never resists, and one that does must not run beside a timed
-        engine."""
+        engine. What each thread has run so far is noted for thaw(), which tells whether any ran since."""
         deadline = time.monotonic() + timeout_s
         while True:
             running = self._not_stopped()
@@ -373,6 +398,7 @@ class SandboxedProcess:
                 time.sleep(_FREEZE_LOOK_S)
                 running = self._not_stopped()
                 if not running:
+                    self._ran_when_frozen = self._threads_ran()
                     return
             if time.monotonic() > deadline:
                 raise SandboxError(f"the sandbox's processes did not stay stopped for {timeout_s:g} s "
@@ -387,8 +413,19 @@ class SandboxedProcess:
     def _not_stopped(self) -> list[int]:
         return [pid for pid in self.members() if any(s not in (b"T", b"t", *_DEAD) for s in _states(pid))]
 
-    def thaw(self) -> None:
+    def _threads_ran(self) -> dict[tuple[int, int], int]:
+        return {key: ns for pid in self.members() for key, ns in _run_ns(pid).items()}
+
+    def thaw(self) -> bool:
+        """Resume every process of the sandbox. Returns whether any of them ran since freeze() saw them all
+        stopped (a thread ran, ended or was added): a stopped process is resumed by any SIGCONT the kernel sends
+        it, and one the process arranged itself needs nobody of the sandbox running (a POSIX timer's signal, a
+        file's F_SETSIG, a child's exit signal), so SIGSTOP alone cannot keep it from running beside a timed
+        engine."""
+        ran = self._ran_when_frozen is not None and self._threads_ran() != self._ran_when_frozen
+        self._ran_when_frozen = None
         self._signal_all(signal.SIGCONT)
+        return ran
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
