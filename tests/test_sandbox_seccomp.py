@@ -7,21 +7,29 @@ EINVAL, EBADF, ENOSYS) from an unprivileged process: EPERM there can only come f
 from __future__ import annotations
 
 import errno
+import json
+import os
 import signal
 import struct
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from seis.sandbox import SandboxPolicy, SandboxUnavailable, allowed_env, bwrap, seccomp
+from seis.agents.llm.confine import AgentSandbox
+from seis.engine_host.affinity import pinned_together
+from seis.engine_host.policy import engine_policy, forbidden_paths
+from seis.sandbox import SandboxedProcess, SandboxPolicy, SandboxUnavailable, allowed_env, bwrap, seccomp
 from test_sandbox import run_probe
 
 
 # --- the program, interpreted ---------------------------------------------------------------------------------------
-def verdict(nr: int, arch: int = seccomp.AUDIT_ARCH_X86_64, arg0: int = 0) -> int:
+def verdict(nr: int, arch: int = seccomp.AUDIT_ARCH_X86_64, arg0: int = 0, fixed_cpus: bool = False) -> int:
     """What the filter returns for a call: runs the handful of classic-BPF instructions it is made of."""
     data = struct.pack("=IIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)   # struct seccomp_data
-    raw = seccomp.program()
+    raw = seccomp.program(fixed_cpus)
     prog = [struct.unpack_from("=HBBI", raw, i) for i in range(0, len(raw), 8)]
     assert len(raw) % 8 == 0 and len(prog) <= 4096
     acc, pc = 0, 0
@@ -58,13 +66,22 @@ def test_the_program_denies_what_it_names_and_allows_the_rest() -> None:
         assert verdict(135, arg0=persona) == eperm, hex(persona)
 
 
+def test_fixed_cpus_denies_sched_setaffinity_and_nothing_else() -> None:
+    eperm = seccomp.RET_ERRNO | errno.EPERM
+    assert verdict(203) == seccomp.RET_ALLOW and verdict(203, fixed_cpus=True) == eperm
+    assert verdict(204, fixed_cpus=True) == seccomp.RET_ALLOW   # sched_getaffinity: reading the mask is fine
+    for name, nr in seccomp.DENIED.items():
+        assert verdict(nr, fixed_cpus=True) == eperm, name
+    assert verdict(39, fixed_cpus=True) == seccomp.RET_ALLOW
+
+
 def test_the_syscall_numbers_match_the_hosts_header() -> None:
     header = "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"
     try:
         text = open(header).read()
     except OSError:
         pytest.skip(f"no {header} here")
-    for name, nr in {**seccomp.DENIED, "personality": seccomp.PERSONALITY}.items():
+    for name, nr in {**seccomp.denied(fixed_cpus=True), "personality": seccomp.PERSONALITY}.items():
         assert f"#define __NR_{name} {nr}\n" in text, name
 
 
@@ -79,7 +96,7 @@ def test_no_sandbox_starts_where_the_filter_cannot_hold(monkeypatch, host: str) 
     if host == "aarch64":
         monkeypatch.setattr(seccomp, "supported", lambda: False)
     else:
-        monkeypatch.setattr(seccomp, "program", lambda: b"\x06\x00\x00\x00")   # half an instruction
+        monkeypatch.setattr(seccomp, "program", lambda *_: b"\x06\x00\x00\x00")   # half an instruction
     bwrap.bwrap_version.cache_clear()
     try:
         with pytest.raises(SandboxUnavailable, match="seccomp"):
@@ -184,3 +201,72 @@ def test_ordinary_work_goes_on_under_the_filter() -> None:
                           'personality query': call(135, 0xFFFFFFFF)[1]}))
     """))
     assert seen == {"read": 100, "sh": "hi\n", "gcc": 0, "personality query": 0}
+
+
+# The widening a timed engine would try once the gate has pinned it: itself, a thread it starts, a child it starts.
+WIDEN = """
+    import json, os, subprocess, sys, threading
+    everywhere = set(EVERYWHERE)
+    def widen():
+        try:
+            os.sched_setaffinity(0, everywhere)
+            return 'widened'
+        except PermissionError:
+            return 'EPERM'
+    print('ready', flush=True)
+    sys.stdin.readline()   # the host pins every thread of the sandbox meanwhile, from outside
+    seen = {'self': widen()}
+    thread = {}
+    t = threading.Thread(target=lambda: thread.update(tried=widen(), mask=sorted(os.sched_getaffinity(0))))
+    t.start(); t.join()
+    child = subprocess.run([sys.executable, '-c', 'import os\\ntry:\\n os.sched_setaffinity(0, ' + repr(everywhere)
+                            + ')\\n r = "widened"\\nexcept PermissionError:\\n r = "EPERM"\\n'
+                            'print(r, sorted(os.sched_getaffinity(0)))'], capture_output=True, text=True)
+    seen.update(mask=sorted(os.sched_getaffinity(0)), thread=thread, child=child.stdout.strip().split(maxsplit=1))
+    print(json.dumps(seen), flush=True)
+"""
+
+
+def pinned_then_widening(policy: SandboxPolicy) -> tuple[int, dict]:
+    """Start WIDEN in a sandbox of `policy`, pin it from the host to one CPU as the gate pins a timed engine, let it
+    try to widen its mask again; returns the CPU and what it saw."""
+    everywhere = sorted(os.sched_getaffinity(0))
+    if len(everywhere) < 2:
+        pytest.skip("one CPU: a pinned mask cannot be told from an unpinned one")
+    code = textwrap.dedent(WIDEN).replace("EVERYWHERE", repr(everywhere))
+    box = SandboxedProcess([sys.executable, "-c", code], policy, forbidden=forbidden_paths(), stderr=subprocess.PIPE)
+    proc = box.start()
+    try:
+        assert proc.stdout.readline() == b"ready\n", proc.stderr.read().decode()[-2000:]
+        with pinned_together(box.members) as cpu:
+            assert cpu is not None
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+            out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        return cpu, json.loads(out.decode().strip().splitlines()[-1])
+    finally:
+        box.kill()
+
+
+def test_an_engine_sandbox_cannot_widen_the_cpu_mask_the_host_pinned_it_to(tmp_path: Path) -> None:
+    """The gate times engines with every thread pinned to one shared CPU, from outside. sched_setaffinity needs no
+    privilege: unfiltered, a candidate widened its mask again and ran its host side on every CPU while vanilla had
+    one. In an engine sandbox the call fails; the pin holds for the process, its threads and its children."""
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "model").mkdir()
+    policy = engine_policy(tmp_path / "engine", tmp_path / "model", "cpu")
+    assert policy.fixed_cpus
+    cpu, seen = pinned_then_widening(policy)
+    assert seen == {"self": "EPERM", "mask": [cpu], "thread": {"tried": "EPERM", "mask": [cpu]},
+                    "child": ["EPERM", f"[{cpu}]"]}
+
+
+def test_an_agent_sandbox_may_still_set_its_cpu_mask(tmp_path: Path) -> None:
+    """Only engines are timed: an agent's own tools (taskset, a build's job binding) keep the call."""
+    policy = AgentSandbox().policy(tmp_path)
+    assert not policy.fixed_cpus
+    cpu, seen = pinned_then_widening(policy)
+    everywhere = sorted(os.sched_getaffinity(0))
+    assert seen == {"self": "widened", "mask": everywhere, "thread": {"tried": "widened", "mask": everywhere},
+                    "child": ["widened", str(everywhere)]}

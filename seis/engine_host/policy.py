@@ -71,7 +71,8 @@ def engine_policy(engine_dir: Path, model_dir: Path, device: str | None, env: Ma
     limits = Limits(memory_bytes=memory_bytes, max_written_bytes=ENGINE_WRITTEN_BYTES,
                     max_written_entries=ENGINE_WRITTEN_ENTRIES,
                     sandbox_memory_bytes=sandbox_memory_bytes or engine_sandbox_memory_bytes())
-    return SandboxPolicy(tuple(binds), full_env, cwd="/tmp", gpus=gpus, limits=limits)
+    # fixed_cpus: the gate pins a timed engine's threads to one CPU, and the engine must not widen its mask again
+    return SandboxPolicy(tuple(binds), full_env, cwd="/tmp", gpus=gpus, limits=limits, fixed_cpus=True)
 
 
 def forbidden_paths() -> tuple[Path, ...]:

@@ -107,6 +107,9 @@ class SandboxPolicy:
     # "none": an own network namespace with loopback only. "host": the host's network (explicit opt-in, for a
     # process that must reach an API; it then also reaches the host's loopback services).
     network: str = "none"
+    # The sandbox cannot change its CPU affinity (sched_setaffinity fails with EPERM: seis.sandbox.seccomp): for
+    # engines, which the gate pins to one CPU from outside while it times them; what they start inherits the pin.
+    fixed_cpus: bool = False
 
     def __post_init__(self) -> None:
         for b in self.binds:

@@ -324,7 +324,7 @@ class SandboxedProcess:
             read_fd, write_fd = os.pipe()
             # bwrap reads its options from a file descriptor, so its init (pid 1 inside, whose command line every
             # process of the sandbox can read) shows `bwrap --args N -- <command>`, not the host paths it binds
-            filter_fd = seccomp.program_fd()
+            filter_fd = seccomp.program_fd(self.policy.fixed_cpus)
             args_fd = _args_file(bwrap.options(policy, self.uid, write_fd, self.forbidden, filter_fd))
             launch = [*(self.cage.enter_argv() if self.cage else []), *_oom_first_argv(),
                       *_limit_args(policy, self.cage is not None),

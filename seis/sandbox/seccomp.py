@@ -9,6 +9,12 @@ needs and that either keep state outside the sandbox or open a large kernel atta
 - module and kexec loading, reboot, swap, acct, quotactl, syslog, lookup_dcookie: host administration.
 - personality: anything beyond Docker's harmless set (ADDR_NO_RANDOMIZE would switch ASLR off, READ_IMPLIES_EXEC
   make data executable).
+- sched_setaffinity, with fixed_cpus (engine sandboxes): a timed engine must stay on the CPU the gate gives it
+  (seis.engine_host.affinity), and the call needs no privilege, so a candidate could widen its own threads' masks
+  again and run its host side on many CPUs while vanilla gets one. The host pins the engine's threads from
+  outside (unaffected: the filter holds only inside), and threads and processes created later inherit the mask.
+  A library that binds its own threads (OpenMP's binding, NCCL's) gets EPERM and runs where it was put. Agent
+  sandboxes keep the call.
 Namespace creation (unshare, clone, setns) and mounting inside a user namespace stay allowed: an agent may run its
 own nested sandbox (bwrap runs inside one). EPERM rather than a kill, so programs that probe degrade. The numbers
 hold for x86-64 only: an x32 call fails with EPERM too, and a 32-bit one (int 0x80, another table) ends the process.
@@ -32,6 +38,7 @@ DENIED: dict[str, int] = {
     "quotactl": 179, "quotactl_fd": 443, "lookup_dcookie": 212,
 }
 PERSONALITY = 135
+SCHED_SETAFFINITY = 203   # denied only with fixed_cpus
 # personality(2) values Docker's default profile allows: PER_LINUX, PER_LINUX_32BIT, UNAME26, both, and the query.
 PERSONAS = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 
@@ -51,7 +58,12 @@ def supported() -> bool:
     return platform.machine() == "x86_64"
 
 
-def instructions() -> list[Insn]:
+def denied(fixed_cpus: bool = False) -> dict[str, int]:
+    """The calls that fail with EPERM whatever their arguments: DENIED, and with fixed_cpus sched_setaffinity."""
+    return {**DENIED, **({"sched_setaffinity": SCHED_SETAFFINITY} if fixed_cpus else {})}
+
+
+def instructions(fixed_cpus: bool = False) -> list[Insn]:
     """The filter: wrong arch → kill; x32 or a denied number → EPERM; personality outside PERSONAS → EPERM; else
     allow. Jumps name the two verdicts at the end ("eperm", "allow"), resolved to relative offsets below."""
     body: list[tuple[int, int | str, int | str, int]] = [
@@ -60,7 +72,7 @@ def instructions() -> list[Insn]:
         (RET_K, 0, 0, RET_KILL_PROCESS),
         (LD_W_ABS, 0, 0, NR_AT),
         (JGE_K, "eperm", 0, X32_SYSCALL_BIT),
-        *[(JEQ_K, "eperm", 0, nr) for nr in sorted(DENIED.values())],
+        *[(JEQ_K, "eperm", 0, nr) for nr in sorted(denied(fixed_cpus).values())],
         (JEQ_K, 0, "allow", PERSONALITY),
         (LD_W_ABS, 0, 0, ARG0_AT),   # the kernel takes personality's argument as an unsigned int
         *[(JEQ_K, "allow", 0, p) for p in PERSONAS],
@@ -74,15 +86,16 @@ def instructions() -> list[Insn]:
             (RET_K, 0, 0, RET_EPERM), (RET_K, 0, 0, RET_ALLOW)]
 
 
-def program() -> bytes:
-    """The filter as bwrap reads it: an array of struct sock_filter in native byte order."""
-    return b"".join(struct.pack("=HBBI", *insn) for insn in instructions())
+def program(fixed_cpus: bool = False) -> bytes:
+    """The filter as bwrap reads it: an array of struct sock_filter in native byte order (fixed_cpus: the sandbox
+    cannot change its CPU affinity)."""
+    return b"".join(struct.pack("=HBBI", *insn) for insn in instructions(fixed_cpus))
 
 
-def program_fd() -> int:
-    """A descriptor holding program(), read from its start, for `bwrap --seccomp FD` (the caller passes and closes it;
-    MFD_CLOEXEC: only a child that is handed it through pass_fds gets it)."""
+def program_fd(fixed_cpus: bool = False) -> int:
+    """A descriptor holding program(fixed_cpus), read from its start, for `bwrap --seccomp FD` (the caller passes and
+    closes it; MFD_CLOEXEC: only a child that is handed it through pass_fds gets it)."""
     fd = os.memfd_create("seis-seccomp", os.MFD_CLOEXEC)
-    os.write(fd, program())
+    os.write(fd, program(fixed_cpus))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
