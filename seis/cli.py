@@ -157,6 +157,7 @@ def post_validate(
     import datetime as dt
 
     from .engine_host import EngineError
+    from .evaluator import HostFailure
     from .postval import PostValError, check_model, fetch_snapshot, make_config, run_post_validation
     from .postval.tables import accuracy_markdown, speed_markdown
 
@@ -182,6 +183,8 @@ def post_validate(
         _fail(str(e))
     except EngineError as e:  # an engine that crashes or misbehaves: say so, exit 1, no traceback
         _fail(f"engine failed during post-validation: {e}", code=1)
+    except HostFailure as e:  # not the candidate's doing: no result either way
+        _fail(f"post-validation stopped by a host failure, no result: {e}", code=1)
     typer.echo(printable(accuracy_markdown(result)))
     typer.echo(printable(speed_markdown(result)))
     for note in result.notes:

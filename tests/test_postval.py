@@ -452,15 +452,17 @@ def _common(a, b) -> int:
 
 class _Box:
     def __init__(self, log: list, name: str):
-        self.log, self.name, self.frozen = log, name, False
+        self.log, self.name, self.frozen, self.ran = log, name, False, False
 
     def freeze(self):
         self.frozen = True
         self.log.append(("freeze", self.name))
 
-    def thaw(self):
+    def thaw(self) -> bool:
+        """Whether the sandbox ran while frozen (`ran`: as if it had the kernel resume it)."""
         self.frozen = False
         self.log.append(("thaw", self.name))
+        return self.ran
 
 
 class _Engine:
@@ -491,6 +493,76 @@ def test_the_other_engine_is_frozen_while_one_is_timed():
     with pytest.raises(RuntimeError), alone(engines, "candidate"):
         raise RuntimeError("an engine error while timed")
     assert not engines["vanilla"].box.frozen  # thawed on errors too
+
+
+def test_an_engine_that_ran_while_frozen_fails_the_candidate_or_the_host_never_passes_unnoticed():
+    """thaw() says whether a frozen sandbox ran meanwhile (it can have the kernel resume it): a candidate that did
+    may have slowed vanilla's timed requests, so it fails as any misbehaving candidate does (EngineError); vanilla
+    is trusted, so its running is a host failure, never the candidate's failure or win."""
+    from seis.engine_host import EngineError
+    from seis.evaluator import HostFailure
+
+    log: list = []
+    engines = {"candidate": _Engine(log, "candidate"), "vanilla": _Engine(log, "vanilla")}
+    engines["candidate"].box.ran = True
+    with alone(engines, "candidate"):  # the candidate was not frozen: nothing to say
+        pass
+    with pytest.raises(EngineError, match="candidate: its processes ran while it was frozen"), \
+            alone(engines, "vanilla"):
+        pass
+    engines["candidate"].box.ran, engines["vanilla"].box.ran = False, True
+    with pytest.raises(HostFailure, match="vanilla is trusted"), alone(engines, "candidate"):
+        pass
+    assert not any(e.box.frozen for e in engines.values())
+
+
+# The candidate has the kernel resume it while frozen: a POSIX timer whose signal is SIGCONT (handled: recent kernels
+# park a timer whose signal is ignored), every 5 ms, and a thread that wakes every 1 ms and arms it again.
+WAKES_WHILE_FROZEN = """
+import ctypes as _adv_ctypes
+import signal as _adv_signal
+import threading as _adv_threading
+import time as _adv_time
+
+
+class _AdvEvent(_adv_ctypes.Structure):
+    _fields_ = [("value", _adv_ctypes.c_void_p), ("signo", _adv_ctypes.c_int), ("notify", _adv_ctypes.c_int),
+                ("pad", _adv_ctypes.c_byte * 48)]
+
+
+class _AdvSpec(_adv_ctypes.Structure):
+    _fields_ = [("interval", _adv_ctypes.c_long * 2), ("value", _adv_ctypes.c_long * 2)]
+
+
+_adv_signal.signal(_adv_signal.SIGCONT, lambda *_: None)  # handled, so the timer keeps firing
+_adv_libc = _adv_ctypes.CDLL(None, use_errno=True)
+_adv_event, _adv_timer = _AdvEvent(signo=_adv_signal.SIGCONT, notify=0), _adv_ctypes.c_void_p()  # SIGEV_SIGNAL
+assert _adv_libc.timer_create(1, _adv_ctypes.byref(_adv_event), _adv_ctypes.byref(_adv_timer)) == 0
+_adv_every = (_adv_ctypes.c_long * 2)(0, 5_000_000)
+assert _adv_libc.timer_settime(_adv_timer, 0, _adv_ctypes.byref(_AdvSpec(_adv_every, _adv_every)), None) == 0
+
+
+def _adv_tick():  # armed again whenever it runs: a SIGSTOP that finds the timer's SIGCONT pending can park it
+    while True:
+        _adv_libc.timer_settime(_adv_timer, 0, _adv_ctypes.byref(_AdvSpec(_adv_every, _adv_every)), None)
+        _adv_time.sleep(0.001)
+
+
+_adv_threading.Thread(target=_adv_tick, daemon=True).start()
+"""
+
+
+def test_a_candidate_that_runs_while_frozen_fails_post_validation(tmp_path, prepared_dir):
+    """SIGSTOP does not hold a process that has the kernel send it SIGCONT: such a candidate ran beside vanilla's
+    timed requests (it could slow them and so inflate its own ratio) with nothing noticed. It fails."""
+    from seis.engine_host import EngineError
+
+    cand = hostile(tmp_path / "wakes", WAKES_WHILE_FROZEN)
+    with pytest.raises(EngineError, match="ran while it was frozen"):
+        run_post_validation(make_config(engine_dir=cand, out_dir=tmp_path / "out", prepared_dir=prepared_dir,
+                                        **dict(HOSTILE, gsm8k_items=0, dev_requests=0, heldout=False,
+                                               bandwidth_gbs=10.0)))
+    assert not (tmp_path / "out" / "postval.json").exists()
 
 
 def test_warm_ups_run_on_every_cpu_and_only_the_timed_sets_share_one(engine_pid):

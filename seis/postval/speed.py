@@ -5,7 +5,8 @@ Repetitions alternate the engine order (A B, B A, A B, ...) so slow drift (therm
 falls on both engines alike; throughput counts generated tokens over wall time, prefill included. Unlike the
 gate (per-request interleaving), whole passes alternate here: NVML's energy counter can only be attributed to an
 engine over a stretch in which that engine alone ran -- and while one engine is timed (or warmed up) the other's
-whole sandbox is frozen (SIGSTOP), so nothing of it runs meanwhile.
+whole sandbox is frozen (SIGSTOP), so nothing of it runs meanwhile: a candidate that runs anyway (it had the
+kernel resume it) fails (alone).
 
 Every byte from an engine process is untrusted: replies are checked for shape, a reply counts at most
 max_new_tokens tokens, and every token of the candidate's timed outputs is scored by vanilla, teacher-forced on
@@ -139,19 +140,36 @@ def run_once(engine: EngineProcess, prompts: Sequence[Sequence[int]], sampling: 
 def alone(engines: Mapping[EngineName, EngineProcess], name: EngineName, idle: GpuIdle | None = None
           ) -> Iterator[None]:
     """Every other engine's sandbox frozen for the block (thawed afterwards, also on errors); with `idle`, the
-    block starts once the GPU has finished what the others left queued."""
-    others = [e for n, e in engines.items() if n != name and getattr(e, "box", None) is not None]
+    block starts once the GPU has finished what the others left queued. A frozen engine whose processes ran
+    meanwhile (the kernel resumes a stopped process on a SIGCONT it arranged itself, a POSIX timer's) may have
+    run beside the one in the block: see ran_while_frozen."""
+    others = [n for n, e in engines.items() if n != name and getattr(e, "box", None) is not None]
     frozen = []
     try:
-        for e in others:
-            e.box.freeze()
-            frozen.append(e)
+        for n in others:
+            engines[n].box.freeze()
+            frozen.append(n)
         if idle is not None:
             idle.wait()
         yield
     finally:
-        for e in frozen:
-            e.box.thaw()
+        ran = [n for n in frozen if engines[n].box.thaw()]
+        if ran:
+            ran_while_frozen(engines, ran)
+
+
+def ran_while_frozen(engines: Mapping[EngineName, EngineProcess], ran: Sequence[EngineName]) -> None:
+    """Raises for engines that ran while frozen. The candidate's is its failure, as any other misbehaviour of it
+    (EngineError): what was timed beside it, and so its ratio, cannot be trusted. Vanilla's is a host failure
+    (HostFailure): vanilla is trusted, and nothing of the candidate's can resume it."""
+    from ..engine_host import EngineError
+    from ..evaluator.errors import HostFailure
+
+    message = "its processes ran while it was frozen for the other engine's timed or warm-up requests"
+    if "candidate" in ran:
+        raise EngineError(f"{engines['candidate'].engine_dir}: {message}")
+    raise HostFailure(f"vanilla ({engines['vanilla'].engine_dir}): {message}; vanilla is trusted, so the host "
+                      f"resumed it: no result")
 
 
 def measure_pair(engines: Mapping[EngineName, EngineProcess], rep_prompts: Sequence[Sequence[Sequence[int]]],
