@@ -6,6 +6,8 @@ import json
 import math
 import os
 import resource
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -150,6 +152,9 @@ class _ScriptedEngine:
     def pids(self) -> list[int]:
         return []
 
+    def running(self) -> bool:
+        return True
+
     def freeze(self) -> None:
         self.frozen = True
 
@@ -289,6 +294,145 @@ def test_the_references_compile_cache_serves_one_running_engine_at_a_time(tmp_pa
             assert second == tmp_path / "spare-2" and not any(second.iterdir())
     with held_cache(tree, tmp_path / "spare-3") as again:  # released: the next gate finds what was compiled
         assert again == first and (again / "kernel.so").read_bytes() == b"compiled"
+
+
+# An engine in a real engine sandbox that, on its first warm-up request, starts a helper process and a thread that
+# keep trying to widen their CPU masks, tries to widen its own on every timed request (and starts a thread), and
+# answers each timed request with the mask of every thread of every process of its sandbox (its own PID
+# namespace's /proc).
+WIDENING_ENGINE = """
+    import json, os, subprocess, sys, threading, time
+    EVERYWHERE = set(EVERYWHERE_CPUS)
+    def widen():
+        try:
+            os.sched_setaffinity(0, EVERYWHERE)
+        except OSError:
+            pass
+    def keep_widening():
+        while True:
+            widen()
+            time.sleep(0.01)
+    HELPER = ('import os, time\\nwhile True:\\n    try:\\n        os.sched_setaffinity(0, %r)\\n'
+              '    except OSError:\\n        pass\\n    time.sleep(0.01)\\n' % EVERYWHERE)
+    started = []
+    def masks():
+        seen = {}
+        for pid in filter(str.isdigit, os.listdir('/proc')):
+            try:
+                tids = os.listdir(f'/proc/{pid}/task')
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    seen[f'{pid}/{tid}'] = sorted(os.sched_getaffinity(int(tid)))
+                except OSError:
+                    pass
+        return seen
+    for line in sys.stdin:
+        if line.strip() == 'warm':
+            if not started:
+                started.append(subprocess.Popen([sys.executable, '-c', HELPER]))
+                threading.Thread(target=keep_widening, daemon=True).start()
+            print('{}', flush=True)
+        else:
+            widen()
+            threading.Thread(target=time.sleep, args=(600,), daemon=True).start()   # started while timed
+            print(json.dumps(masks()), flush=True)
+"""
+
+
+class _WideningEngine:
+    """WIDENING_ENGINE in an engine sandbox, as the gate (freeze, thaw, pids, generate) and post-validation (box,
+    pids, generate) drive an engine; keeps the masks each timed request saw. Warm-up prompts are [-1]."""
+
+    usable, failures = True, []
+
+    def __init__(self, tmp_path: Path, name: str):
+        from seis.engine_host.policy import engine_policy, forbidden_paths
+        from seis.sandbox import SandboxedProcess
+
+        for d in ("engine", "model"):
+            (tmp_path / name / d).mkdir(parents=True)
+        policy = engine_policy(tmp_path / name / "engine", tmp_path / name / "model", "cpu")
+        code = textwrap.dedent(WIDENING_ENGINE).replace("EVERYWHERE_CPUS", repr(sorted(os.sched_getaffinity(0))))
+        self.box = SandboxedProcess([sys.executable, "-c", code], policy, forbidden=forbidden_paths())
+        self.proc = self.box.start()
+        self.timed: list[dict[str, list[int]]] = []
+        self.engine_dir = name
+
+    def pids(self) -> list[int]:
+        return self.box.members()
+
+    def freeze(self) -> None:
+        self.box.freeze()
+
+    def thaw(self) -> None:
+        assert not self.box.thaw(), "ran while frozen"
+
+    def running(self) -> bool:
+        return True
+
+    def generate(self, prompts, sampling):
+        self.proc.stdin.write(b"warm\n" if prompts[0] == [-1] else b"timed\n")
+        self.proc.stdin.flush()
+        reply = json.loads(self.proc.stdout.readline())
+        if prompts[0] != [-1]:
+            self.timed.append(reply)
+        return [GenerationOut(token_ids=[7] * 8, finish_reason="length") for _ in prompts]
+
+    def kill(self) -> None:
+        self.box.kill()
+
+
+@pytest.mark.parametrize("timing", ["gate", "postval"])
+def test_every_thread_of_a_timed_engine_stays_on_the_pinned_cpu_whatever_it_started_or_widened(
+        tmp_path: Path, timing: str) -> None:
+    """The timed engines share one CPU so that the candidate and vanilla see the same CPU. A candidate that started
+    a helper process during the warm-up (listed before it, it was never pinned) or widened its own mask again
+    (sched_setaffinity needs no privilege) ran its host side on every CPU while vanilla had one. Now every engine
+    is listed and pinned after the warm-up, frozen meanwhile, and an engine sandbox cannot change its mask; since
+    it cannot, what it started while pinned gets the host's mask back afterwards."""
+    from types import SimpleNamespace
+
+    from seis.engine_host.client import Sampling
+    from seis.evaluator.speed import measure_speed
+    from seis.evaluator.workloads import PromptSet, SpeedWorkload
+    from seis.postval.run import time_sets
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: a pinned mask cannot be told from an unpinned one")
+    names = ("candidate", "vanilla")
+    engines: dict[str, _WideningEngine] = {}
+    try:
+        for name in names:
+            engines[name] = _WideningEngine(tmp_path, name)
+        if timing == "gate":
+            warm = PromptSet("warm", ("w",), ([-1],), (Sampling(max_new_tokens=8),))
+            rep = PromptSet("rep0", ("a",), ([1],), (Sampling(max_new_tokens=8),))
+            table, _ = measure_speed(engines, (SpeedWorkload("dev-natural@1", "d", warm, (rep, rep)),),
+                                     SpeedConfig(), device="cpu")
+            cpu = table.pinned_cpu
+        else:
+            def time_one(ts) -> None:
+                for name in names:
+                    engines[name].generate([[1]], Sampling(max_new_tokens=8))
+
+            sets = [SimpleNamespace(warmup=[SimpleNamespace(tokens=(-1,))])]
+            _, cpu = time_sets(engines, sets, Sampling, time_one)
+        assert cpu is not None
+        for name in names:
+            timed = engines[name].timed
+            assert len(timed) == 2 if timing == "gate" else len(timed) == 1
+            for masks in timed:
+                # bwrap's init, the engine (its main thread and the widening one), the helper process
+                assert len({key.split("/")[0] for key in masks}) >= 3 and len(masks) >= 4, masks
+                assert all(mask == [cpu] for mask in masks.values()), (name, cpu, masks)
+            # afterwards every thread gets its mask back, those started while pinned too (the engine cannot)
+            tids = [int(t) for pid in engines[name].pids() for t in os.listdir(f"/proc/{pid}/task")]
+            assert all(os.sched_getaffinity(t) == os.sched_getaffinity(0) for t in tids)
+    finally:
+        for engine in engines.values():
+            engine.kill()
 
 
 def test_timed_processes_share_one_cpu_and_get_their_masks_back() -> None:

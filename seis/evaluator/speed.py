@@ -18,7 +18,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from ..engine_host.affinity import pinned_together
+from ..engine_host.affinity import pinned_frozen
 from .engines import EngineHandle, GenerationOut
 from ..engine_host.gpu_idle import GpuIdle
 from ..stats import summarize
@@ -85,11 +85,12 @@ def measure_speed(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorklo
     """engines: name -> handle (candidate, parent, vanilla); the rotation starts with the first. The engine
     processes share one CPU while they are timed (seis.engine_host.affinity says why), and only then: the
     warm-ups run first, unpinned, because first calls compile kernels (FlashInfer's JIT starts nvcc and ninja,
-    which would inherit a one-CPU mask and compile many times slower)."""
-    pids = [pid for h in engines.values() for pid in h.pids()]
+    which would inherit a one-CPU mask and compile many times slower). The engines' processes are listed and pinned
+    after the warm-ups, every engine frozen meanwhile, so what an engine started during them is pinned too, and
+    nothing is started between the listing and the pin; the sandbox keeps an engine from widening its mask again."""
     idle = GpuIdle(device)
     _warm_up(engines, workloads, idle)
-    with pinned_together(pids) as cpu:
+    with pinned_frozen(list(engines.values()), lambda: [pid for h in engines.values() for pid in h.pids()]) as cpu:
         table, timed = _measure(engines, workloads, cfg, device, idle)
     return table.model_copy(update={"pinned_cpu": cpu, "prompt_nonce": workloads[0].nonce if workloads else "",
                                     "gpu_idle_waits": idle.waits,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..engine_host.affinity import pinned_together
+from ..engine_host.affinity import pinned_frozen
 from ..engine_host.attention import baseline_attention
 from ..engine_host.gpu_idle import GpuIdle
 from ..workspace.tree import scratch_dir
@@ -310,13 +310,15 @@ def time_sets(engines, sets: list[TimedSet], sampling_cls: type, time_one: Calla
               ) -> tuple[list[SpeedComparison], int | None]:
     """Warm both engines up on every set's untimed prompts (one engine at a time), unpinned: first calls compile
     kernels, and FlashInfer's nvcc and ninja would inherit a one-CPU mask. Then time each set with every engine
-    thread on one shared CPU (engine_host.affinity says why); returns the comparisons and that CPU."""
+    thread on one shared CPU (engine_host.affinity says why), listed and pinned with both sandboxes frozen, so what
+    an engine started during the warm-ups is pinned too; returns the comparisons and that CPU."""
     for ts in sets:
         warm = [list(p.tokens) for p in ts.warmup]
         for n in ENGINES:
             with alone(engines, n):
                 warm_up(engines[n], warm, sampling_cls)
-    with pinned_together([pid for n in ENGINES for pid in engines[n].pids()]) as cpu:
+    boxes = [engines[n].box for n in ENGINES if getattr(engines[n], "box", None) is not None]
+    with pinned_frozen(boxes, lambda: [pid for n in ENGINES for pid in engines[n].pids()]) as cpu:
         return [time_one(ts) for ts in sets], cpu
 
 
