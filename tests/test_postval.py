@@ -501,6 +501,7 @@ def test_an_engine_that_ran_while_frozen_fails_the_candidate_or_the_host_never_p
     is trusted, so its running is a host failure, never the candidate's failure or win."""
     from seis.engine_host import EngineError
     from seis.evaluator import HostFailure
+    from seis.postval.run import time_sets
 
     log: list = []
     engines = {"candidate": _Engine(log, "candidate"), "vanilla": _Engine(log, "vanilla")}
@@ -513,6 +514,13 @@ def test_an_engine_that_ran_while_frozen_fails_the_candidate_or_the_host_never_p
     engines["candidate"].box.ran, engines["vanilla"].box.ran = False, True
     with pytest.raises(HostFailure, match="vanilla is trusted"), alone(engines, "candidate"):
         pass
+    assert not any(e.box.frozen for e in engines.values())
+    # so is running while both are frozen for their threads to be listed and pinned, before the timed sets
+    engines["candidate"].box.ran, engines["vanilla"].box.ran = True, False
+    for e in engines.values():
+        e.pids = lambda: []
+    with pytest.raises(EngineError, match="candidate: its processes ran while it was frozen"):
+        time_sets(engines, [], object, lambda ts: None)
     assert not any(e.box.frozen for e in engines.values())
 
 

@@ -50,7 +50,8 @@ from .result import (
     SpeedComparison,
     context_flag,
 )
-from .speed import BoundFn, TimedRules, VanillaScorer, alone, compare, judge_timed, measure_pair, timed_rules, warm_up
+from .speed import (BoundFn, TimedRules, VanillaScorer, alone, compare, judge_timed, measure_pair, ran_while_frozen,
+                    timed_rules, warm_up)
 
 log = logging.getLogger(__name__)
 
@@ -317,9 +318,23 @@ def time_sets(engines, sets: list[TimedSet], sampling_cls: type, time_one: Calla
         for n in ENGINES:
             with alone(engines, n):
                 warm_up(engines[n], warm, sampling_cls)
-    boxes = [engines[n].box for n in ENGINES if getattr(engines[n], "box", None) is not None]
-    with pinned_frozen(boxes, lambda: [pid for n in ENGINES for pid in engines[n].pids()]) as cpu:
+    frozen = [_Sandbox(engines, n) for n in ENGINES if getattr(engines[n], "box", None) is not None]
+    with pinned_frozen(frozen, lambda: [pid for n in ENGINES for pid in engines[n].pids()]) as cpu:
         return [time_one(ts) for ts in sets], cpu
+
+
+@dataclass
+class _Sandbox:
+    """One engine's sandbox as pinned_frozen freezes and thaws it: one that ran while frozen fails as in alone()."""
+    engines: Any
+    name: str
+
+    def freeze(self) -> None:
+        self.engines[self.name].box.freeze()
+
+    def thaw(self) -> None:
+        if self.engines[self.name].box.thaw():
+            ran_while_frozen(self.engines, [self.name])
 
 
 def _time_set(engines, ts: TimedSet, meter: EnergyMeter, idle: GpuIdle, bound: BoundFn | None,
