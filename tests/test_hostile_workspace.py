@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from seis.agents.llm import agent as agent_mod
+from seis.agents.llm import confine as confine_mod
 from seis.agents.llm import secrets as secrets_mod
 from seis.agents.llm import tools as tools_mod
 from seis.agents.llm.agent import finish_workspace
@@ -26,7 +27,7 @@ from seis.agents.llm.tools import Toolbox
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.sandbox import write_watch
 from seis.session.steps import _diff_or_reason
-from seis.workspace import Report, prepare_workspace, tree_hash
+from seis.workspace import PeerMaterial, Report, prepare_workspace, tree_hash
 from deep_trees import DEEP, chain, no_deep_leftovers  # noqa: F401 (autouse)
 from seis.workspace.tree import MAX_DEPTH, MAX_PATH_BYTES, TreeError, copy_tree
 
@@ -155,9 +156,9 @@ def test_a_sparse_flood_is_refused_before_any_content_scan(tmp_path, monkeypatch
     (junk / "leak.py").write_text(f"k = {KEY!r}\n")
     real_scan = agent_mod.scan_secrets
 
-    def scan(tree, secrets=None):  # the flood must be gone before any content scan starts
+    def scan(tree, secrets=None, skip=()):  # the flood must be gone before any content scan starts
         assert not junk.exists(), "the secret scan was handed the sparse flood"
-        return real_scan(tree, secrets)
+        return real_scan(tree, secrets, skip=skip)
     monkeypatch.setattr(agent_mod, "scan_secrets", scan)
     t0 = time.monotonic()
     rejected = finish_workspace(ws, Redactor(secrets=[KEY]))
@@ -188,6 +189,45 @@ def test_keys_are_still_found_and_blanked_and_the_scan_has_a_total_budget(tmp_pa
     found = find_secrets(tree, [KEY])
     assert found[0].startswith("a.py: secret #1")
     assert sum("not scanned" in line for line in found) >= 3, found
+
+
+# --- harness-laid material ----------------------------------------------------------------------------------------
+
+def _peer_tree(tmp_path: Path, files: int) -> Path:
+    peer = tmp_path / "peer"
+    copy_tree(ENGINE_TEMPLATE, peer)
+    (peer / "engine" / "many").mkdir()
+    for i in range(files):
+        (peer / "engine" / "many" / f"f{i}.py").write_text("")
+    return peer
+
+
+def test_a_peers_tree_near_the_bounds_counts_against_no_other_chains_limits(tmp_path, monkeypatch):
+    """At a sync, other chains' retained trees are laid out read-only under peers/. Counted as the session's own
+    writing, one chain that retained a tree just under the entry bound had every other chain's agent killed by the
+    write watch, and its workspace refused and emptied by the cleanup. What the harness laid out, and the agent
+    cannot write, counts for neither (known by device and inode, not by name); a peers/ the agent makes where none
+    was laid out is its own, and counts in every later call and in the cleanup."""
+    monkeypatch.setattr(confine_mod, "MAX_TREE_ENTRIES", 2000)
+    box = AgentSandbox(limits=replace(AGENT_LIMITS, max_written_entries=2000))
+    ws = prepare_workspace(ENGINE_TEMPLATE, tmp_path / "sync" / "workspace", [],
+                           [PeerMaterial("c1", _peer_tree(tmp_path, 2500), ())])
+    done = run_shell("sleep 2.5; echo 'x = 1' > engine/mine.py; echo DONE", ws.root, 30, box, laid_out=ws.laid_out)
+    assert "DONE" in done.output and done.limit_note is None, done.render(30)
+    assert finish_workspace(ws, Redactor()) is None
+    assert (ws.root / "engine" / "mine.py").is_file()
+    assert len(os.listdir(ws.root / "peers" / "c1" / "engine" / "many")) == 2500
+    # the agent's own peers/: written in one call, still counted in the next, and by the cleanup
+    ws = _ws(tmp_path / "alone")
+    made = run_shell("mkdir -p peers/x && for i in $(seq 1500); do : > peers/x/f$i; done; echo MADE", ws.root, 60, box,
+                     laid_out=ws.laid_out)
+    assert "MADE" in made.output and made.limit_note is None, made.render(60)
+    more = run_shell("mkdir more && for i in $(seq 1000); do : > more/f$i; done; sleep 3; echo ALL-MADE", ws.root, 60,
+                     box, laid_out=ws.laid_out)
+    assert more.limit_note and "more than 2,000 entries" in more.limit_note, more.render(60)
+    assert "ALL-MADE" not in more.output
+    rejected = finish_workspace(ws, Redactor())
+    assert rejected and "more than 2,000 entries" in rejected, rejected
 
 
 # --- deep chains -------------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterator
+import stat
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,34 @@ def walk(root: str | os.PathLike, *, max_depth: int | None = MAX_DEPTH, ordered:
         finally:
             os.close(fd)
         stack.extend(reversed(subdirs))  # popped in listing order
+
+
+def dir_ids(dirs: Iterable[str | os.PathLike]) -> set[tuple[int, int]]:
+    """(device, inode) of each of these that is a directory now (not a link to one): how a walk knows them again
+    wherever it meets them, whatever the names around them."""
+    ids = set()
+    for d in dirs:
+        try:
+            st = os.stat(d, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            ids.add((st.st_dev, st.st_ino))
+    return ids
+
+
+def skipping(dirs: Iterable[str | os.PathLike]) -> Callable[[os.DirEntry], bool] | None:
+    """A walk's `enter` that keeps out of these directories (as they are now: dir_ids), or None (none of them
+    is one). What the harness laid out in a workspace and its agent cannot write is left out so."""
+    ids = dir_ids(dirs)
+
+    def enter(entry: os.DirEntry) -> bool:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) not in ids
+    return enter if ids else None
 
 
 def _open_listed_dir(path: str, identity: tuple[int, int]) -> int:

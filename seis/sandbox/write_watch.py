@@ -11,12 +11,12 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .policy import Limits, SandboxPolicy
 from .process import SandboxedProcess, SandboxError
-from .walk import Unreadable, walk
+from .walk import Unreadable, skipping, walk
 
 WATCH_PERIOD_S = 1.0
 # How far a filesystem's free space must have fallen since the watch began, besides being under the floor, before
@@ -30,13 +30,16 @@ class WriteWatch:
     and its apparent size, so sparse files (no disk used, but every host reader reads their full length) count
     too. It also kills it when the free bytes or inodes of a filesystem under `roots` fall under
     Limits.min_free_disk_bytes or Limits.min_free_disk_inodes while it runs (disk_below_floor). Looks every WATCH_PERIOD_S seconds, never
-    following a link; a look stops counting once over a limit. `exceeded` says why it killed the sandbox (None:
+    following a link; a look stops counting once over a limit. What the policy binds read-only inside a writable
+    bind (a workspace's reports/ and peers/, which the harness laid out) is not the sandbox's writing and is left
+    out, known by device and inode as it was when the watch began. `exceeded` says why it killed the sandbox (None:
     it did not)."""
 
     def __init__(self, box: SandboxedProcess, policy: SandboxPolicy, extra: Iterable[str | os.PathLike] = (),
                  what: str = "its writable directories"):
         self.box, self.limits, self.what = box, policy.limits, what
         self.roots = [str(b.src) for b in policy.binds if b.writable] + [str(p) for p in extra]
+        self._enter = skipping(b.src for b in policy.binds if not b.writable)
         self.exceeded: str | None = None
         self._free_at_start = free_space(self.roots)
         self._stop = threading.Event()
@@ -47,7 +50,7 @@ class WriteWatch:
     def _run(self) -> None:
         while not self._stop.wait(WATCH_PERIOD_S):
             why = (disk_below_floor(self._free_at_start, free_space(self.roots), self.limits)
-                   or over_limits(self.roots, self.limits, self.what))
+                   or over_limits(self.roots, self.limits, self.what, self._enter))
             if why:
                 self.exceeded = f"the sandbox was killed: {why}"
                 try:
@@ -62,8 +65,10 @@ class WriteWatch:
             self._thread.join()  # its kill() must be over before the caller kills the sandbox again
 
 
-def over_limits(roots: list[str], limits: Limits, what: str) -> str | None:
-    """Why what is under roots (directories, or files such as a log) is past the limits, or None."""
+def over_limits(roots: list[str], limits: Limits, what: str,
+                enter: Callable[[os.DirEntry], bool] | None = None) -> str | None:
+    """Why what is under roots (directories, or files such as a log) is past the limits, or None. `enter`: the
+    walk's, keeping it out of directories not counted (walk.skipping)."""
     size = entries = 0
 
     def why() -> str | None:
@@ -83,7 +88,7 @@ def over_limits(roots: list[str], limits: Limits, what: str) -> str | None:
             size += max(st.st_blocks * 512, st.st_size)
             continue
         # No depth cap: a chain of any depth counts in full (it is iterative, and entries are bounded).
-        for item in walk(root, max_depth=None, ordered=False):
+        for item in walk(root, max_depth=None, ordered=False, enter=enter):
             if isinstance(item, Unreadable):
                 if item.error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ESTALE):
                     continue  # removed or replaced while the watch looked: never followed

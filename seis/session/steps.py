@@ -44,7 +44,7 @@ def run_agent(config: RunConfig, spec: SessionSpec, workspace: Workspace) -> Age
     except BaseException:
         # Interrupted (Ctrl-C, a cancellation) or failed before the agent made its tree safe: its sandbox has died
         # with it, and what it left is made safe now, not when someone next looks there (a resume clears it).
-        sanitize_workspace(workspace.root)
+        sanitize_workspace(workspace.root, skip=workspace.laid_out)
         raise
     (spec.session_dir / "agent.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     return result

@@ -35,6 +35,13 @@ class Workspace:
     def peers_dir(self) -> Path:
         return self.root / PEERS_DIR
 
+    @property
+    def laid_out(self) -> tuple[Path, ...]:
+        """The session material the harness laid out here (reports/, and peers/ at a sync): shown read-only to the
+        agent, so none of it is the agent's output, nor counts against its limits. A peers/ the agent made where
+        the harness laid none out is the agent's own."""
+        return (self.reports_dir,) + ((self.peers_dir,) if self.peers else ())
+
     def diff(self) -> str:
         from .diff import diff_workspace
         return diff_workspace(self.parent_dir, self.root)

@@ -66,12 +66,12 @@ def finish_workspace(workspace: Workspace, redactor: Redactor) -> str | None:
     blank every file that holds a key and remove every file or directory whose name holds one. Returns why the
     session is rejected, or None.
 
-    The session material the harness laid out (reports/, and peers/ at a sync: read-only to the agent, the reports
-    redacted when written) is not scanned as the agent's output: a report whose text the scan, not the redactor,
-    takes for a key would otherwise reject every later session that inherits it."""
-    problems = sanitize_workspace(workspace.root)
-    laid_out = [workspace.reports_dir] + ([workspace.peers_dir] if workspace.peers else [])
-    leaks = scan_secrets(workspace.root, redactor.secrets, skip=laid_out)
+    The session material the harness laid out (Workspace.laid_out: read-only to the agent, the reports redacted
+    when written) is neither counted against the workspace's limits nor scanned as the agent's output: a report
+    whose text the scan, not the redactor, takes for a key, or a peer's tree near the entry bound, would otherwise
+    reject every later session that inherits it."""
+    problems = sanitize_workspace(workspace.root, skip=workspace.laid_out)
+    leaks = scan_secrets(workspace.root, redactor.secrets, skip=workspace.laid_out)
     names = SecretSet(redactor.secrets)
     for leak in leaks:
         parts = leak.path.split("/")
@@ -151,7 +151,8 @@ class LLMAgent:
             bench = bench.until(meter.deadline)
         sandbox, sandbox_note = self.sandbox, _sandbox_description()
         toolbox = Toolbox(workspace.root, bench, sandbox if sandbox_note.startswith("bubblewrap") else None,
-                          s.shell_timeout_s, deadline=meter.deadline, redact=redactor.text)
+                          s.shell_timeout_s, deadline=meter.deadline, redact=redactor.text,
+                          laid_out=workspace.laid_out)
         transcript.log("session", agent=self.name, model=s.resolved_model, base_url=s.base_url,
                        prompt_version=prompt.version, chain=context.chain, session=context.session,
                        budget=asdict(budget), max_turns=s.max_turns, sandbox=sandbox_note, network="none",

@@ -124,7 +124,7 @@ class CliAgent:
                 bench = BenchService(b, workspace.root, redactor.text)
                 files.update(bench.files())
             policy = self.sandbox.policy(workspace.root, files=files, env=self._env(bench, proxy),
-                                         network="host" if network == "host" else "none")
+                                         network="host" if network == "host" else "none", laid_out=workspace.laid_out)
             done = run_confined(["bash", "-c", _WRAPPER, "seis-cli", s.command], policy, timeout,
                                 stdin=prompt_text.encode("utf-8"), max_output_bytes=MAX_CLI_OUTPUT_BYTES,
                                 merge_stderr=False, on_start=bench.attach if bench is not None else None)

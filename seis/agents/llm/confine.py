@@ -24,7 +24,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPol
                          sandbox_gpus)
 from ...sandbox import WriteWatch
 from ...sandbox.cgroup import host_memory_bytes
-from ...workspace import PEERS_DIR, REPORTS_DIR
+from ...sandbox.walk import dir_ids
 from ...workspace.tree import MAX_DEPTH, MAX_PATH_BYTES, is_control_file, path_too_long, remove_tree, safe_mode
 
 WORKSPACE, MODEL, SEIS_FILES = "/workspace", "/model", "/seis"
@@ -72,14 +72,18 @@ class AgentSandbox:
     limits: Limits = AGENT_LIMITS
 
     def policy(self, workspace: Path, files: Mapping[str, Path] | None = None,
-               env: Mapping[str, str] | None = None, network: str | None = None) -> SandboxPolicy:
+               env: Mapping[str, str] | None = None, network: str | None = None,
+               laid_out: Iterable[Path] = ()) -> SandboxPolicy:
         """files: name -> host file, shown read-only at /seis/<name>; network: "none" (default) or "host"
-        (the cli agent's explicit opt-in)."""
+        (the cli agent's explicit opt-in); laid_out: the session material the harness laid out in the workspace
+        (Workspace.laid_out), shown read-only over it. Only those: a peers/ the agent made is its own, writable
+        and counted by the write watch, which leaves out what the sandbox cannot write."""
         root = Path(workspace).resolve()
         binds = [Bind(root, WORKSPACE, writable=True)]
-        for sub in (REPORTS_DIR, PEERS_DIR):
-            if (root / sub).is_dir() and not (root / sub).is_symlink():
-                binds.append(Bind(root / sub, f"{WORKSPACE}/{sub}"))
+        for d in laid_out:
+            d = Path(d)
+            if d.is_dir() and not d.is_symlink():
+                binds.append(Bind(d, f"{WORKSPACE}/{d.resolve().relative_to(root).as_posix()}"))
         if self.model_dir is not None and Path(self.model_dir).is_dir():
             binds.append(Bind(Path(self.model_dir).resolve(), MODEL))
         for name, path in (files or {}).items():
@@ -211,7 +215,7 @@ MAX_TREE_BYTES = 512 * 2**20      # the whole workspace (apparent size: a sparse
 MAX_TREE_ENTRIES = AGENT_LIMITS.max_written_entries  # files, directories and the rest, in the whole workspace
 
 
-def sanitize_workspace(root: Path) -> list[str]:
+def sanitize_workspace(root: Path, skip: Iterable[Path] = ()) -> list[str]:
     """Make the workspace safe for the host to hash, diff, copy and gate (no agent process is alive when this
     runs). Removed: every symlink, FIFO, socket or device node, hard-linked files, files larger than
     MAX_FILE_BYTES, directories more than MAX_DEPTH levels deep (no walk of an engine tree goes there), paths
@@ -229,14 +233,19 @@ def sanitize_workspace(root: Path) -> list[str]:
     the hash, the diff) reads a byte of it. Only metadata is read here, and the walk holds the descriptors of
     the directories on the current path only (MAX_DEPTH at most), with no recursion.
 
+    `skip`: the session material the harness laid out (Workspace.laid_out), which the agent could not write: left
+    as it is and not counted, known by device and inode (walk.dir_ids), so a peer's tree near the bounds rejects
+    no other chain's session, while a directory the agent made under the same name is its own and counts.
+
     Returns one line per problem found (empty: the tree was clean); a non-empty answer rejects the session."""
+    laid_out = dir_ids(skip)
     root_fd = _open_nofollow(None, str(Path(root)), directory=True)
     if root_fd is None:
         return ["workspace unreadable: not a directory, or a link"]
     problems: list[str] = []
     try:
         _own_and_restrict(root_fd, is_dir=True)
-        refused = _sanitize_walk(root_fd, problems)
+        refused = _sanitize_walk(root_fd, problems, laid_out)
         if refused:
             problems.append(f"the workspace is refused: {refused}; everything in it was removed unread")
             for name in os.listdir(root_fd):
@@ -249,8 +258,9 @@ def sanitize_workspace(root: Path) -> list[str]:
     return problems
 
 
-def _sanitize_walk(root_fd: int, problems: list[str]) -> str | None:
-    """sanitize_workspace's walk, depth first in sorted order; returns why the workspace is refused, or None."""
+def _sanitize_walk(root_fd: int, problems: list[str], skip: set[tuple[int, int]]) -> str | None:
+    """sanitize_workspace's walk, depth first in sorted order, never into the directories `skip` identifies;
+    returns why the workspace is refused, or None."""
     total = entries = 0
 
     def remove(dir_fd: int, name: str, rel: str, why: str, is_dir: bool = False) -> None:
@@ -272,12 +282,14 @@ def _sanitize_walk(root_fd: int, problems: list[str]) -> str | None:
                     os.close(dir_fd)
                 continue
             name = names.pop()
-            entries += 1
             rel = prefix + name
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except OSError:
                 continue
+            if (st.st_dev, st.st_ino) in skip:  # laid out by the harness: not the agent's, left as it is
+                continue
+            entries += 1
             if name == ".git":  # an agent's own repository: never part of the tree, and its config runs commands
                 _discard(dir_fd, name, stat.S_ISDIR(st.st_mode))
                 continue

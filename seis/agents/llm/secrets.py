@@ -19,7 +19,6 @@ import bisect
 import codecs
 import os
 import re
-import stat
 import unicodedata
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ...sandbox.policy import MAX_DEPTH, MIN_SECRET_LEN, SECRET_NAME
-from ...sandbox.walk import TooDeep, Unreadable, walk
+from ...sandbox.walk import TooDeep, Unreadable, skipping, walk
 from ...workspace.tree import open_regular
 
 # Shapes of common provider keys, caught even when the value came from somewhere other than the environment.
@@ -189,26 +188,6 @@ def find_secrets(tree: str | Path, secrets: Iterable[str] | None = None) -> list
     return [str(f) for f in scan_secrets(tree, secrets)]
 
 
-def _skipping(dirs: Iterable[str | Path]):
-    """A walk's `enter` that keeps out of these directories (as they are now: by device and inode), or None."""
-    ids = set()
-    for d in dirs:
-        try:
-            st = os.stat(d, follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode):
-            ids.add((st.st_dev, st.st_ino))
-
-    def enter(entry: os.DirEntry) -> bool:
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            return True
-        return (st.st_dev, st.st_ino) not in ids
-    return enter if ids else None
-
-
 def scan_secrets(tree: str | Path, secrets: Iterable[str] | None = None,
                  skip: Iterable[str | Path] = ()) -> list[Finding]:
     """Every file under `tree` that holds a secret, in its content or its path. `secrets`: the values to look
@@ -225,7 +204,7 @@ def scan_secrets(tree: str | Path, secrets: Iterable[str] | None = None,
     matcher = SecretSet(secret_values() if secrets is None else secrets)
     found: list[Finding] = []
     budget = MAX_SCAN_TOTAL_BYTES
-    for item in walk(root, enter=_skipping(skip)):
+    for item in walk(root, enter=skipping(skip)):
         if isinstance(item, Unreadable):
             found.append(Finding(item.path.relative_to(root).as_posix(),
                                  f"unreadable directory ({item.error.strerror or item.error})"))

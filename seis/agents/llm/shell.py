@@ -3,6 +3,7 @@ tree, output capped while it is read. The sandbox shows only the workspace (writ
 read-only), the model read-only and private scratch; no keys, no network, no harness."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,9 @@ class ShellResult:
 
 
 def run_shell(command: str, workspace: Path, timeout_s: float, sandbox: AgentSandbox,
-              max_output_bytes: int = MAX_OUTPUT_BYTES) -> ShellResult:
-    """`bash -c command` in /workspace; returns when it exits or at timeout_s, with nothing of it left running."""
-    done = run_confined(["bash", "-c", command], sandbox.policy(workspace), timeout_s,
+              max_output_bytes: int = MAX_OUTPUT_BYTES, laid_out: Iterable[Path] = ()) -> ShellResult:
+    """`bash -c command` in /workspace; returns when it exits or at timeout_s, with nothing of it left running.
+    laid_out: the session material the harness laid out in the workspace (shown read-only)."""
+    done = run_confined(["bash", "-c", command], sandbox.policy(workspace, laid_out=laid_out), timeout_s,
                         max_output_bytes=max_output_bytes)
     return ShellResult(None if done.timed_out else done.returncode, done.text(), done.error, done.limit_note)

@@ -170,6 +170,7 @@ class Toolbox:
     shell_timeout_s: float = 300.0
     deadline: float | None = None            # time.monotonic() of the session's end: no call runs past it
     redact: Callable[[str], str] = lambda s: s
+    laid_out: tuple[Path, ...] = ()          # session material the harness laid out (Workspace.laid_out)
     calls: dict[str, int] = field(default_factory=dict)
 
     tools = TOOL_DEFINITIONS
@@ -343,7 +344,7 @@ class Toolbox:
             if left < 1:
                 raise ToolError("the session's time is spent")
             limit = min(limit, left)
-        return run_shell(command, self.root, limit, self.sandbox).render(limit)
+        return run_shell(command, self.root, limit, self.sandbox, laid_out=self.laid_out).render(limit)
 
     def _t_dev_benchmark(self) -> str:
         if self.dev_benchmark is None:
