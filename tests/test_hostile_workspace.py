@@ -230,6 +230,23 @@ def test_a_peers_tree_near_the_bounds_counts_against_no_other_chains_limits(tmp_
     assert rejected and "more than 2,000 entries" in rejected, rejected
 
 
+
+def test_a_peers_tree_as_deep_as_a_tree_may_be_starts_every_other_chains_sandbox(tmp_path):
+    """A retained tree may nest directories as deep as the tree walks take (MAX_DEPTH in all); laid out under
+    peers/<chain>/ it lies two levels deeper. The chown of the writable workspace before each sandbox walked into it
+    and found it too deep, so no other chain's agent sandbox started at a sync. What the harness laid out read-only
+    is not the agent's: it is neither walked nor given away, and stays the host's."""
+    peer = tmp_path / "peer"
+    copy_tree(ENGINE_TEMPLATE, peer)
+    chain(peer / "engine" / "deep", MAX_DEPTH - 3)  # engine/deep/d/.../d: MAX_DEPTH - 1 directories below the root
+    tree_hash(peer)  # a tree every walk takes
+    ws = prepare_workspace(ENGINE_TEMPLATE, tmp_path / "sync" / "workspace", [Report("c0", 0, "## R\n", "retained")],
+                           [PeerMaterial("c1", peer, ())])
+    done = run_shell("echo STARTED", ws.root, 30, AgentSandbox(), laid_out=ws.laid_out)
+    assert "STARTED" in done.output, done.render(30)
+    for d in ws.laid_out:
+        assert os.stat(d).st_uid == os.getuid() and os.stat(next(d.iterdir())).st_uid == os.getuid()
+
 # --- deep chains -------------------------------------------------------------------------------------------------
 
 PLANT = """

@@ -26,6 +26,7 @@ from . import bwrap, seccomp
 from .cgroup import MemoryCage
 from .memory_watch import MemoryWatch
 from .policy import MAX_DEPTH, SAFE_PATH, SandboxPolicy
+from .walk import dir_ids
 
 UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), never a real account
 # One fixed place for the whole host (not $TMPDIR): every SEIS process must see the same leases, or two could
@@ -310,9 +311,10 @@ class SandboxedProcess:
                 if self.policy.limits.sandbox_memory_bytes is not None:
                     self.cage = MemoryCage.create(f"seis-sandbox-{self.uid}",
                                                   self.policy.limits.sandbox_memory_bytes)
+                read_only = frozenset(dir_ids(b.src for b in self.policy.binds if not b.writable))
                 for b in self.policy.binds:
                     if b.writable:
-                        _chown_tree(b.src, self.uid, b.dest)
+                        _chown_tree(b.src, self.uid, b.dest, read_only)
                     else:
                         _readable_by_others(b.src, b.dest)
             # where programs and packages are found: the operator's PATH and PYTHONPATH as far as the sandbox shows
@@ -567,11 +569,12 @@ def _too_deep(shown: str, rel: str) -> TooDeep:
                      f"does not start over such a tree")
 
 
-def _walk_dirs(root_fd: int, shown: str, visit) -> None:
+def _walk_dirs(root_fd: int, shown: str, visit, skip: frozenset[tuple[int, int]] = frozenset()) -> None:
     """Every directory under root_fd (not root_fd itself), without recursion and without following a link:
     each is opened relative to its parent's descriptor with O_NOFOLLOW (a directory swapped for a link is skipped)
     and handed to visit(fd) before its entries; every other entry goes to visit(None, dir_fd, name, st). A
-    directory nested more than MAX_DEPTH deep is TooDeep, so at most MAX_DEPTH + 2 descriptors are open."""
+    directory whose (device, inode) is in `skip` is neither visited nor entered. A directory nested more than
+    MAX_DEPTH deep is TooDeep, so at most MAX_DEPTH + 2 descriptors are open."""
     stack: list[tuple[int, list[str], str]] = []
     try:
         names = os.listdir(root_fd)  # before the dup: a failing listing leaves no descriptor open
@@ -589,6 +592,8 @@ def _walk_dirs(root_fd: int, shown: str, visit) -> None:
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 visit(None, fd, name, st)
+                continue
+            if (st.st_dev, st.st_ino) in skip:
                 continue
             if len(stack) > MAX_DEPTH:
                 raise _too_deep(shown, prefix + name)
@@ -611,12 +616,15 @@ def _walk_dirs(root_fd: int, shown: str, visit) -> None:
             os.close(fd)
 
 
-def _chown_tree(root: Path, uid: int, shown: str = "the writable bind") -> None:
+def _chown_tree(root: Path, uid: int, shown: str = "the writable bind",
+                skip: frozenset[tuple[int, int]] = frozenset()) -> None:
     """Give a writable bind to the sandbox's user. This runs as root over what an earlier sandbox wrote, so it goes
     through descriptors opened without following links: a directory swapped for a link while it runs is skipped,
     never followed onto a host file. A link itself is left to the session's cleanup; a hard-linked file is not
-    given away (its other name may be anywhere). A tree nested more than MAX_DEPTH deep is TooDeep (shown: the
-    bind's mount point, for the message), never walked into a RecursionError."""
+    given away (its other name may be anywhere). The directories in `skip` (read-only binds nested in this one:
+    what the harness laid out in a workspace) stay the host's and are not walked: other sandboxes' trees laid out
+    there lie deeper than in their own and would make this one TooDeep. A tree nested more than MAX_DEPTH deep is
+    TooDeep (shown: the bind's mount point, for the message), never walked into a RecursionError."""
     def give(fd: int | None, dir_fd: int | None = None, name: str = "", st: os.stat_result | None = None) -> None:
         if fd is not None:
             os.fchown(fd, uid, uid)
@@ -629,7 +637,7 @@ def _chown_tree(root: Path, uid: int, shown: str = "the writable bind") -> None:
     fd = os.open(root, _DIR_NOFOLLOW)
     try:
         os.fchown(fd, uid, uid)
-        _walk_dirs(fd, shown, give)
+        _walk_dirs(fd, shown, give, skip)
     finally:
         os.close(fd)
 
