@@ -363,19 +363,27 @@ def test_freeze_stops_what_runs_in_namespaces_the_sandbox_made() -> None:
     assert not _marked(marker)
 
 
-# A process that has the kernel resume it: a POSIX timer whose signal is SIGCONT, every 20 ms, then a spin.
+# A process that has the kernel resume it: a POSIX timer whose signal is SIGCONT, every 20 ms, then a spin. SIGCONT
+# is handled (recent kernels park a timer whose signal is ignored, as SIGCONT's default is once it resumed nothing),
+# and a thread arms the timer again every millisecond (a SIGSTOP that finds its SIGCONT pending can park it too),
+# so the timer fires during the freeze however late the freeze comes.
 WAKES_ITSELF = textwrap.dedent("""
-    import ctypes, signal
+    import ctypes, signal, threading, time
     libc = ctypes.CDLL(None, use_errno=True)
     class Event(ctypes.Structure):
         _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
                     ("pad", ctypes.c_byte * 48)]
     class Spec(ctypes.Structure):
         _fields_ = [("interval", ctypes.c_long * 2), ("value", ctypes.c_long * 2)]
+    signal.signal(signal.SIGCONT, lambda *_: None)
     event, timer = Event(signo=signal.SIGCONT, notify=0), ctypes.c_void_p()  # SIGEV_SIGNAL
     assert libc.timer_create(1, ctypes.byref(event), ctypes.byref(timer)) == 0
     every = (ctypes.c_long * 2)(0, 20_000_000)
-    assert libc.timer_settime(timer, 0, ctypes.byref(Spec(every, every)), None) == 0
+    def arm():
+        while True:
+            libc.timer_settime(timer, 0, ctypes.byref(Spec(every, every)), None)
+            time.sleep(0.001)
+    threading.Thread(target=arm, daemon=True).start()
     print("armed", flush=True)
     while True:
         pass
