@@ -47,7 +47,7 @@ from seis.store import SnapshotStore
 from seis.tables import printable
 from tasks.artifacts import stable_key
 from tasks.attempts import begin_attempt
-from tasks.cancel import CancelWatch
+from tasks.cancel import CancelWatch, is_marked
 from tasks.cleanup import release_run
 from tasks.dispatch import remote_session_task
 from tasks.gpu import ensure_gpu_limit, registry
@@ -149,7 +149,7 @@ def _check_workers_reachable(config: RunConfig) -> None:
 def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
     old = run.status()
     total = config.chains * config.sessions
-    run.set_status("running", sessions_total=total, message="",
+    run.set_status("running", restart=True, sessions_total=total, message="",
                    resumes=(old.resumes + 1) if (resumed and old is not None) else 0)
     with scratch(run.root) as scratch_root:
         registry().add_run(flow_run_id, run.root, scratch_root)
@@ -159,20 +159,20 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
                 vanilla, outcomes, failures = _sessions(config, run, resumed)
             if failures:
                 message = printable("; ".join(failures))  # can quote an engine's or an agent's words
-                run.set_status("failed", sessions_done=run.sessions_recorded(), message=message)
+                _set_failed(run, flow_run_id, sessions_done=run.sessions_recorded(), message=message)
                 print(f"run stopped: {message}")
                 return Failed(message=f"{message} (the finished sessions are recorded; continue with "
                                       f"{RESUME_HINT.format(out=run.root)})")
             failure = run_failure(outcomes)  # every session finished, yet nothing was judged: after the artifacts
             result = _finish(config, run, vanilla, outcomes, failure)
             if failure:
-                run.set_status("failed", sessions_done=len(outcomes), message=failure, note=FINISHED_FAILED_NOTE)
+                _set_failed(run, flow_run_id, sessions_done=len(outcomes), message=failure, note=FINISHED_FAILED_NOTE)
                 print(f"run failed: {failure}")
                 return Failed(message=failure)
             run.set_status("complete", sessions_done=len(outcomes))
             return result
         except Exception as e:
-            run.set_status("failed", sessions_done=run.sessions_recorded(), message=f"{type(e).__name__}: {e}")
+            _set_failed(run, flow_run_id, sessions_done=run.sessions_recorded(), message=f"{type(e).__name__}: {e}")
             raise
         except BaseException as e:  # interrupted (SIGTERM, Ctrl-C): the run is resumable
             run.set_status("crashed", sessions_done=run.sessions_recorded(),
@@ -182,6 +182,13 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
         finally:
             if not interrupted:
                 registry().drop_run(flow_run_id)
+
+
+def _set_failed(run: RunDir, flow_run_id: str, **values) -> None:
+    """status.json `failed`, unless the run's cancellation was seen first: then its sessions failed because their
+    engines were killed, and CancelWatch.end_run writes `cancelled` (a run's first end written stands: status.py)."""
+    if not is_marked(flow_run_id):
+        run.set_status("failed", **values)
 
 
 def _sessions(config: RunConfig, run: RunDir, resumed: bool):

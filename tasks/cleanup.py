@@ -31,9 +31,9 @@ def release_run(flow, flow_run, state) -> None:
     if resources is not None:
         remove_scratch(Path(resources.scratch))  # engines' caches: hostile input, however deep
         root = Path(resources.run_dir)
-        status = read_status(root)
         # A run stopped by SIGTERM marks itself crashed before this hook runs; a cancellation is told only here.
-        if status is not None and (status.state == "running" or (status.state == "crashed" and kind == "cancelled")):
+        # A run that had ended otherwise keeps its status (write_status leaves an ended run's status as it is).
+        if read_status(root) is not None:
             write_status(root, kind, message=f"the flow run {flow_run.name} was {kind}: {state.message or ''}"
                          .strip())
         reg.drop_run(str(flow_run.id))

@@ -1,8 +1,9 @@
 """Cancelling a run stops it within seconds: the slot acquisition refuses a cancelled run (before and while it waits),
 the cancellation watcher kills the run's process groups, releases its GPU slots and cancels its child session flow
 runs, and a flow whose run is cancelled ends Cancelled with nothing left running and no queued gate served.
-A slot's wait names the holder's run too. Everything against the module's Prefect test server: about 20 s on 2
-cores besides the server's start (the end-to-end flow, in a subprocess, 6 to 12 s of it)."""
+A slot's wait names the holder's run too. A cancellation (or any writer) that comes after the run ended leaves
+status.json as the run ended it; only a resume starts it again. Everything else against the module's Prefect test
+server: about 20 s on 2 cores besides the server's start (the end-to-end flow, in a subprocess, 6 to 12 s of it)."""
 from __future__ import annotations
 
 import os
@@ -307,3 +308,76 @@ def test_a_signal_another_thread_received_still_stops_the_flows_wait():
                           cwd=Path(__file__).resolve().parents[1])
     assert "stopped after" in done.stdout, done.stdout + done.stderr  # an untimed wait: still waiting at 120 s
     assert float(done.stdout.split()[2]) < 0.5 + 2 * WAKE_S
+
+
+# ---- status.json: a run's end is not relabelled by a late writer ---------------------------------------------------
+def _ended_run(tmp_path, state: str, **values):
+    from seis.session import RunDir
+    run = RunDir.create(tmp_path / "run", "{}")
+    run.set_status("running", sessions_total=2)
+    run.set_status(state, **values)
+    return run
+
+
+def _late_cancel(run, monkeypatch):
+    """What the flow does when its cancel watch saw the cancellation only after the run had ended."""
+    from uuid import uuid4
+
+    import tasks.cancel as cancel
+    monkeypatch.setattr(cancel.flow_runs, "end_task_runs", lambda *a, **k: 0)  # no server in this test
+    watch = cancel.CancelWatch(uuid4())
+    cancel.mark_cancelled(watch.flow_run_id)
+    return watch.end_run(run)
+
+
+def test_a_cancellation_that_comes_after_the_run_completed_or_failed_leaves_its_status_as_it_ended(tmp_path,
+                                                                                                  monkeypatch):
+    """The cancel watch ends the flow Cancelled, but status.json keeps `complete` (every result is written) or the
+    failure, with every field as the run wrote it (a resume would not do what the cancelled state's note says)."""
+    from seis.session.status import FINISHED_FAILED_NOTE, read_status, write_status
+    for state, values in [("complete", {"sessions_done": 2}),
+                          ("failed", {"sessions_done": 2, "message": "nothing was judged",
+                                      "note": FINISHED_FAILED_NOTE})]:
+        run = _ended_run(tmp_path / state, state, **values)
+        ended = read_status(run.root)
+        assert _late_cancel(run, monkeypatch).is_cancelled()
+        assert read_status(run.root) == ended, state
+        write_status(run.root, "cancelled", message="the flow run was cancelled")  # the cancellation hook, as late
+        assert read_status(run.root) == ended, state
+
+
+def test_an_ended_run_is_not_reopened_or_relabelled_by_a_late_writer_but_a_resume_starts_it_again(tmp_path):
+    """Once ended, a run keeps its state against every later writer (a worker's or an earlier attempt's hook, a
+    late `complete`), except that the hook may say why an interrupted run stopped (crashed -> cancelled), and a
+    resume starts the run again (running)."""
+    from seis.session.status import read_status, write_status
+    for ended in ("complete", "failed", "cancelled", "crashed"):
+        run = _ended_run(tmp_path / ended, ended, sessions_done=1, message=f"it {ended}")
+        before = read_status(run.root)
+        for late in ("running", "complete", "failed", "cancelled", "crashed"):
+            if (ended, late) == ("crashed", "cancelled"):
+                continue
+            write_status(run.root, late, sessions_done=0, message="late")
+            assert read_status(run.root) == before, (ended, late)
+        resumed = write_status(run.root, "running", restart=True, resumes=1, message="")
+        assert (resumed.state, resumed.resumes, resumed.sessions_done) == ("running", 1, 1)
+    run = _ended_run(tmp_path / "interrupted", "crashed", message="interrupted (SIGTERM)")
+    assert write_status(run.root, "cancelled", message="the flow run was cancelled").state == "cancelled"
+
+
+def test_a_run_whose_sessions_failed_because_it_was_cancelled_says_cancelled(tmp_path, monkeypatch):
+    """The watcher kills the run's engines, so its sessions fail under it: that failure is the cancellation's, and
+    the run ends `cancelled` (resumable), not `failed`."""
+    from uuid import uuid4
+
+    import tasks.cancel as cancel
+    from flows.seis_flow import _set_failed
+    from seis.session import RunDir
+    monkeypatch.setattr(cancel.flow_runs, "end_task_runs", lambda *a, **k: 0)
+    run = RunDir.create(tmp_path / "run", "{}")
+    run.set_status("running", sessions_total=2)
+    watch = cancel.CancelWatch(uuid4())
+    cancel.mark_cancelled(watch.flow_run_id)
+    _set_failed(run, watch.flow_run_id, sessions_done=0, message="c0/s0: the gate's engine was killed")
+    watch.end_run(run)
+    assert run.status().state == "cancelled"

@@ -7,6 +7,11 @@ one is (`count_sessions_done`), so a reader sees a run's progress while it runs 
 
 Every write is a read-modify-write of the whole file under one lock (`.status.lock` beside it), so the flow and
 sessions finishing in parallel threads (or on workers sharing the run directory) never lose each other's update.
+
+A run's end stands: once `complete`, `failed`, `cancelled` or `crashed` is written, a later writer (a cancellation
+seen just after the run completed, a cleanup hook, a worker) changes nothing, so the file never says a finished
+run was cancelled or reopens an ended one. Only a resume starts it again (`restart=True`); and an interrupted run
+(`crashed`) may still be told `cancelled` by the hook that learns the interruption was a cancellation.
 """
 from __future__ import annotations
 
@@ -77,11 +82,24 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def write_status(root: Path, state: State, **values) -> RunStatus:
+def _may_replace(old: State, new: State, restart: bool) -> bool:
+    """Whether `new` may overwrite `old`. Writers race at a run's end (the flow's own `complete` and a cancellation
+    seen a moment later; a hook or a worker acting late), so the first end written is the truth and is kept."""
+    if old == "running":
+        return True
+    if new == "running":
+        return restart          # a resume (or a new attempt) starts the ended run again
+    return (old, new) == ("crashed", "cancelled")   # the hook says why the run was interrupted
+
+
+def write_status(root: Path, state: State, *, restart: bool = False, **values) -> RunStatus:
     """Update status.json (atomically, under the status lock), keeping the fields not given. `note` defaults to
-    how to continue the run, for every state but `complete`."""
+    how to continue the run, for every state but `complete`. A run that has ended keeps its status untouched
+    (returned as it is), unless `_may_replace` allows the new state; `restart`: this write (re)starts the run."""
     with _locked(root):
         old = read_status(root)
+        if old is not None and not _may_replace(old.state, state, restart):
+            return old
         base = old.model_dump() if old is not None else {}
         note = values.pop("note", None)
         base.update(values, state=state, updated_at=_now(), pid=os.getpid(), host=socket.gethostname())
