@@ -149,7 +149,7 @@ def _check_workers_reachable(config: RunConfig) -> None:
 def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
     old = run.status()
     total = config.chains * config.sessions
-    run.set_status("running", restart=True, sessions_total=total, message="",
+    run.set_status("running", restart=True, flow_run_id=flow_run_id, sessions_total=total, message="",
                    resumes=(old.resumes + 1) if (resumed and old is not None) else 0)
     with scratch(run.root) as scratch_root:
         registry().add_run(flow_run_id, run.root, scratch_root)

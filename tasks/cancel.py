@@ -95,9 +95,11 @@ class CancelWatch:
 
     def end_run(self, run):
         """A cancelled `seis` run: its status says so (a resume continues it), and its flow run ends Cancelled. A
-        cancellation seen only after the run had ended leaves its status as it ended (status.py)."""
-        status = run.set_status("cancelled", sessions_done=run.sessions_recorded(),
+        cancellation seen only after the run had ended, or by another attempt than the run's, leaves its status as
+        it is (status.py)."""
+        status = run.set_status("cancelled", flow_run_id=self.flow_run_id, sessions_done=run.sessions_recorded(),
                                 message="the flow run was cancelled; its gates and sessions were stopped")
         if status.state != "cancelled":
-            self.logger.warning("the cancellation came after the run had ended: status.json stays %s", status.state)
+            self.logger.warning("the cancellation came after the run had ended (or another attempt had started it): "
+                                "status.json stays %s", status.state)
         return self.cancelled_state(f"the run in {run.root}")

@@ -32,10 +32,11 @@ def release_run(flow, flow_run, state) -> None:
         remove_scratch(Path(resources.scratch))  # engines' caches: hostile input, however deep
         root = Path(resources.run_dir)
         # A run stopped by SIGTERM marks itself crashed before this hook runs; a cancellation is told only here.
-        # A run that had ended otherwise keeps its status (write_status leaves an ended run's status as it is).
+        # A run that had ended otherwise keeps its status (write_status leaves an ended run's status as it is), and
+        # so does a run a resume already started again (this hook can come late: its write names its flow run).
         if read_status(root) is not None:
-            write_status(root, kind, message=f"the flow run {flow_run.name} was {kind}: {state.message or ''}"
-                         .strip())
+            write_status(root, kind, flow_run_id=str(flow_run.id),
+                         message=f"the flow run {flow_run.name} was {kind}: {state.message or ''}".strip())
         reg.drop_run(str(flow_run.id))
     logger.info("run cleanup after %s: %d GPU slot lease(s) released, %d unfinished task run(s) ended, %d child "
                 "flow run(s) cancelled, %d sandbox(es) and %d orphaned sandbox process(es) killed, scratch removed",

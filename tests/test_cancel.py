@@ -381,3 +381,44 @@ def test_a_run_whose_sessions_failed_because_it_was_cancelled_says_cancelled(tmp
     _set_failed(run, watch.flow_run_id, sessions_done=0, message="c0/s0: the gate's engine was killed")
     watch.end_run(run)
     assert run.status().state == "cancelled"
+
+
+def _hook(run_root, flow_run_id: str, kind: str, monkeypatch, tmp_path):
+    """The cleanup hook of flow run `flow_run_id`, as its worker runs it after killing that attempt's process: its
+    registry entry still names the run directory (an interrupted attempt leaves it to the hook). No server."""
+    from types import SimpleNamespace
+
+    import tasks.cleanup as cleanup
+    from seis.session.resources import Registry
+    reg = Registry(tmp_path / "registry")
+    reg.add_run(flow_run_id, run_root, tmp_path / f"scratch-{flow_run_id}")
+    monkeypatch.setattr(cleanup, "registry", lambda: reg)
+    monkeypatch.setattr(cleanup, "release_flow_run", lambda *a: 0)
+    monkeypatch.setattr(cleanup, "_end_task_runs", lambda *a: 0)
+    monkeypatch.setattr(cleanup, "_cancel_children", lambda *a: 0)
+    state = SimpleNamespace(is_cancelled=lambda: kind == "cancelled", is_cancelling=lambda: False,
+                            message="by the test", type=SimpleNamespace(value=kind.upper()))
+    cleanup.release_run(None, SimpleNamespace(id=flow_run_id, name=f"run-{flow_run_id}"), state)
+
+
+def test_an_earlier_attempts_late_hook_leaves_the_resumed_run_running(tmp_path, monkeypatch):
+    """Attempt A is killed (it marked itself crashed) and resumed by attempt B, which writes `running`; A's cleanup
+    hook, run by its worker seconds later, arrives only then. Its `cancelled` or `crashed` is A's and does not end
+    B's live run (before: `running` may become anything, so the live run read cancelled); B's own hook, a cancel
+    watch's end of B and B's end are still written."""
+    from seis.session import RunDir
+    from seis.session.status import read_status
+    for kind in ("cancelled", "crashed"):
+        run = RunDir.create(tmp_path / kind / "run", "{}")
+        run.set_status("running", restart=True, flow_run_id="attempt-a", sessions_total=2)
+        run.set_status("crashed", message="interrupted (SIGTERM)")
+        run.set_status("running", restart=True, flow_run_id="attempt-b", resumes=1, message="")
+        live = read_status(run.root)
+        _hook(run.root, "attempt-a", kind, monkeypatch, tmp_path / kind)
+        assert read_status(run.root) == live, kind
+        _hook(run.root, "attempt-b", kind, monkeypatch, tmp_path / kind)
+        assert read_status(run.root).state == kind
+    run = RunDir.create(tmp_path / "watch" / "run", "{}")
+    run.set_status("running", restart=True, flow_run_id="attempt-b", sessions_total=2)
+    _late_cancel(run, monkeypatch)  # the cancel watch of another flow run than B: its end is not B's
+    assert run.status().state == "running"
