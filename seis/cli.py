@@ -253,17 +253,29 @@ def evolve(
         _fail(f"interrupted; continue with: seis evolve --resume {config.out}", code=130)
     finally:
         _restore_signals(previous)
+    if state.is_cancelled() and _completed(config.out):  # cancelled only after it completed: its results stand
+        typer.echo(f"the cancellation came after the run had completed (status.json: complete); run directory: "
+                   f"{printable(str(config.out))}")
+        return
     if not state.is_completed():  # one line, not the tracebacks (those are in the task runs' logs)
         _fail(f"{state.message or f'the run ended {state.name}'}{_after_failure(config.out)}", code=1)
     typer.echo(f"run directory: {printable(state.result())}")
 
 
+def _completed(out: Path) -> bool:
+    from .session.status import read_status
+    recorded = read_status(out)
+    return recorded is not None and recorded.state == "complete"
+
+
 def _after_failure(out: Path) -> str:
     """What to do about a run that did not complete: resume it, unless every session is recorded or another flow
-    holds it (a resume is refused while that one works)."""
+    holds it (a resume is refused while that one works); never for a run status.json says is complete."""
     from .session.rundir import RunDir
     from .session.status import FINISHED_FAILED_NOTE, read_status
     recorded = read_status(out)
+    if recorded is not None and recorded.state == "complete":
+        return " (status.json says the run is complete: nothing to resume)"
     if recorded is not None and recorded.note == FINISHED_FAILED_NOTE:
         return " (every session is recorded: a new run is needed, not a resume)"
     if (out / "config.json").is_file():

@@ -194,3 +194,40 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(tmp_pa
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {args[-2]} {path} "), out.stderr
     assert (tmp_path / "file").read_text() == "kept\n" and not any((tmp_path / "dir").iterdir())
+
+
+@pytest.mark.parametrize("recorded", ["complete", "cancelled"])
+def test_evolve_whose_cancellation_came_after_the_run_completed_follows_status_json(tmp_path, monkeypatch, recorded):
+    """A cancellation seen just after the run completed ends the flow Cancelled, yet status.json keeps `complete`:
+    `seis evolve` says so in one line and exits 0 (before: exit 1 and "continue with: seis evolve --resume", a
+    resume of a complete run). A run the cancellation did stop still exits 1 with the resume hint."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import flows.runtime
+    import seis.cli
+    from seis.run_config import RunConfig
+    from seis.session import RunDir
+
+    config = RunConfig(out=tmp_path / "run", store=tmp_path / "store", model="tiny-qwen3", device="cpu")
+    run = RunDir.create(config.out, config.model_dump_json(indent=2))
+    run.set_status("running", restart=True, flow_run_id="fr-1", sessions_total=1)
+    run.set_status(recorded, sessions_done=1)
+    flow = ModuleType("flows.seis_flow")   # the flow as it ended: Cancelled, status.json as above (no server)
+    flow.seis = lambda **kw: SimpleNamespace(is_completed=lambda: False, is_cancelled=lambda: True, name="Cancelled",
+                                             message=f"the run in {config.out} was cancelled")
+    monkeypatch.setitem(sys.modules, "flows.seis_flow", flow)
+    monkeypatch.setattr(seis.cli, "_evolve_preflight", lambda values, resume: config)
+    monkeypatch.setattr(seis.cli, "_prefect_api", lambda out: None)
+    monkeypatch.setattr(seis.cli, "_stacks_on_sigusr1", lambda: None)  # needs a real stderr
+    monkeypatch.setattr(flows.runtime, "apply", lambda: None)
+    out = CliRunner().invoke(seis.cli.app, ["evolve"])
+    if recorded == "complete":
+        assert out.exit_code == 0, out.output
+        assert "--resume" not in out.output and "complete" in out.stdout and str(config.out) in out.stdout
+        assert len(out.stdout.splitlines()) == 1, out.stdout
+        assert "--resume" not in seis.cli._after_failure(config.out)  # nor any other ending of a complete run
+    else:
+        assert out.exit_code == 1 and f"continue with: seis evolve --resume {config.out}" in out.stderr, out.output
