@@ -46,6 +46,22 @@ def copy_engine(dest: Path) -> Path:
     return dest
 
 
+def after_each_reply(root: Path, then: str) -> Path:
+    """The engine tree at root runs `then` (Python, with `out` and `payload` in scope) right after each reply the
+    worker sends: a candidate that misbehaves between its replies and the next request."""
+    body = "\n".join("        " + line for line in then.strip().splitlines())
+    init = root / "engine" / "__init__.py"
+    init.write_text(init.read_text() + (
+        "\nimport __main__ as _main\n"
+        "if hasattr(_main, '_reply'):\n"
+        "    _sent = _main._reply\n"
+        "    def _reply_and_then(out, **payload):\n"
+        "        _sent(out, **payload)\n"
+        f"{body}\n"
+        "    _main._reply = _reply_and_then\n"))
+    return root
+
+
 def edit(root: Path, rel: str, old: str, new: str) -> None:
     path = root / rel
     text = path.read_text()

@@ -542,7 +542,6 @@ def test_a_candidate_that_ends_on_its_own_between_calls_fails_and_says_so(when: 
     or after its last correctness reply (the timing and every timed check were skipped: a pass that no timed output
     backs). Nothing was recorded either time. Its ending is its failure, named in engine.errors."""
     import signal
-    import textwrap
     import time
 
     import seis.evaluator.gate as gate
@@ -554,16 +553,7 @@ def test_a_candidate_that_ends_on_its_own_between_calls_fails_and_says_so(when: 
 
     cand = H.copy_engine(tmp_path / "quits")
     if when == "after_build":  # it exits as soon as its build reply is out
-        init = cand / "engine" / "__init__.py"
-        init.write_text(init.read_text() + textwrap.dedent("""
-            import __main__, os
-            if hasattr(__main__, "_reply"):
-                _orig = __main__._reply
-                def _reply_then_quit(out, **payload):
-                    _orig(out, **payload)
-                    os._exit(0)
-                __main__._reply = _reply_then_quit
-            """))
+        H.after_each_reply(cand, "import os\nos._exit(0)")
         built = gate.start_and_build
 
         def build_then_let_it_end(handles):

@@ -690,18 +690,8 @@ def test_engine_replies_must_answer_the_current_request(tmp_path: Path) -> None:
     engine, which broke the protocol, is killed."""
     from seis.engine_host import EngineError, EngineProcess
     from seis.models import resolve_model
-    from tests.evaluator_helpers import copy_engine
-    tree = copy_engine(tmp_path / "twice")
-    init = tree / "engine" / "__init__.py"
-    init.write_text(init.read_text() + textwrap.dedent("""
-        import __main__
-        if hasattr(__main__, "_reply"):
-            _orig = __main__._reply
-            def _twice(out, **payload):
-                _orig(out, **payload)
-                _orig(out, **payload)
-            __main__._reply = _twice
-    """))
+    from tests.evaluator_helpers import after_each_reply, copy_engine
+    tree = after_each_reply(copy_engine(tmp_path / "twice"), "_sent(out, **payload)")  # every reply sent twice
     with EngineProcess(tree, resolve_model("tiny-qwen3"), {"device": "cpu", "max_seq_len": 64}, timeout_s=60) as eng:
         eng.build()
         # found waiting before the request is sent, or read as its reply: either way no result
