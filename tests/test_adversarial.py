@@ -335,8 +335,9 @@ def test_tamper_siblings_changes_nothing_outside_its_tree(arena: Arena, tmp_path
     # Files that changed without the candidate's marker are other people's edits of the checkout, not damage.
     assert not damaged, f"the candidate wrote to files outside its tree (blocks removed again): {damaged}"
     assert _tree_bytes(reference) == {p: b for p, b in before.items() if reference in p.parents}
-    assert_gains_nothing(gate, again=lambda: _gate_again(  # nor were the gate's own copies of the others slowed
-        arena, "tamper_siblings", tmp_path, reference=copy_engine(tmp_path / "again-reference")))
+    # Nor were the gate's own copies of the others slowed; each fresh gate gets a reference of its own.
+    assert_gains_nothing(gate, again=lambda: _gate_again(arena, "tamper_siblings", tmp_path, reference=copy_engine(
+        Path(tempfile.mkdtemp(prefix="again-reference-", dir=tmp_path)) / "engine")))
 
 
 def _marked_processes() -> list[int]:
