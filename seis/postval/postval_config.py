@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..engine_import import ENGINE_TEMPLATE
+from ..validation import describe_errors
 
 
 class PostValError(ValueError):
@@ -137,15 +138,5 @@ def make_config(**values: Any) -> PostValConfig:
     try:
         return PostValConfig(**values)
     except ValidationError as exc:
-        raise PostValError(format_validation_error(exc)) from None
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(x) for x in err["loc"]) or "config"
-        flag = "--" + field.replace("_", "-")
-        msg = err["msg"].removeprefix("Value error, ")
-        got = f"got {err.get('input')!r}"
-        parts.append(f"{field} ({flag}): {msg}" + ("" if got in msg else f", {got}"))  # a validator may say it
-    return "invalid post-validation settings: " + "; ".join(parts)
+        raise PostValError("invalid post-validation settings: " + describe_errors(
+            exc, lambda field: f"{field} (--{field.replace('_', '-')})", with_input=True)) from None

@@ -14,6 +14,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from ..run_config import RunConfig
+from ..validation import describe_errors
 from .rundir import RunDir
 
 
@@ -79,7 +80,8 @@ def resolve_config(config: RunConfig | dict | None, overrides: dict[str, object]
         except (OSError, UnicodeDecodeError) as e:  # unreadable, or bytes that are no text (a damaged disk, a copy)
             raise ParameterError(f"{run.root}/config.json is not a valid run config: {e}") from None
         except ValidationError as e:
-            raise ParameterError(f"{run.root}/config.json is not a valid run config: {_messages(e, flag)}") from None
+            raise ParameterError(f"{run.root}/config.json is not a valid run config: "
+                                 f"{describe_errors(e, flag)}") from None
         recorded = recorded.model_copy(update={"out": run.root})  # the run dir may have been moved
         wanted = _base(config) | given
         ignored = {k: v for k, v in wanted.items() if k != "out" and _differs(recorded, k, v)}
@@ -89,7 +91,7 @@ def resolve_config(config: RunConfig | dict | None, overrides: dict[str, object]
     try:
         return Resolved(RunConfig(**(_base(config) | given)), False)
     except ValidationError as e:
-        raise ParameterError(_messages(e, flag)) from None
+        raise ParameterError(describe_errors(e, flag)) from None
 
 
 def _base(config: RunConfig | dict | None) -> dict:
@@ -108,13 +110,3 @@ def _differs(recorded: RunConfig, name: str, value: object) -> bool:
     except ValidationError:
         return True
     return getattr(probe, name) != getattr(recorded, name)
-
-
-def _messages(e: ValidationError, flag) -> str:
-    """One line: each error after the parameter it names; a cross-field one (no parameter) by its message alone."""
-    return "; ".join(_message(err, flag) for err in e.errors())
-
-
-def _message(err: dict, flag) -> str:
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{flag('.'.join(str(p) for p in err['loc']))}: {msg}" if err["loc"] else msg
