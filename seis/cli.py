@@ -165,6 +165,8 @@ def post_validate(
         _fail("pass exactly one of --engine DIR or --snapshot ID")
     out = out or Path("runs/postval") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     _check_writable(out, "--out", is_dir=True)
+    if (out / "postval.json").exists():  # an earlier result is never overwritten at the end of a long run
+        _fail(f"--out {out} already holds a post-validation result (postval.json); choose another --out")
     values = {"engine_dir": engine or out / "engine", "model": model, "out_dir": out, "device": device,
               "gsm8k_items": gsm8k_items, "retrieval_items": retrieval_items, "speed_requests": speed_requests,
               "fixed_single_requests": fixed_single_requests, "dev_requests": dev_requests, "heldout": heldout, "reps": reps,

@@ -231,3 +231,26 @@ def test_evolve_whose_cancellation_came_after_the_run_completed_follows_status_j
         assert "--resume" not in seis.cli._after_failure(config.out)  # nor any other ending of a complete run
     else:
         assert out.exit_code == 1 and f"continue with: seis evolve --resume {config.out}" in out.stderr, out.output
+
+
+def test_post_validate_refuses_an_out_dir_that_holds_an_earlier_result(tmp_path, monkeypatch):
+    """An earlier postval.json is kept: the run is refused before any engine starts, not overwritten at its end."""
+    from typer.testing import CliRunner
+
+    import seis.postval
+    from seis.cli import app
+    from seis.engine_import import ENGINE_TEMPLATE
+
+    def work(config):
+        raise AssertionError("the work started")
+    monkeypatch.setattr(seis.postval, "run_post_validation", work)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "postval.json").write_text('{"kept": true}\n')
+    out = CliRunner().invoke(app, ["post-validate", "--engine", str(ENGINE_TEMPLATE), "--out", str(earlier),
+                                   "--model", "tiny-qwen3", "--device", "cpu", "--quick"])
+    assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.output
+    assert out.stderr.splitlines() == [f"error: --out {earlier} already holds a post-validation result "
+                                       f"(postval.json); choose another --out"]
+    assert sorted(p.name for p in earlier.iterdir()) == ["postval.json"]
+    assert (earlier / "postval.json").read_text() == '{"kept": true}\n'

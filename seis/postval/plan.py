@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -393,19 +391,14 @@ def _fit_memory(plan: Plan) -> None:
 
 
 def fetch_snapshot(snapshot_id: str, store_root: Path, dest: Path) -> Path:
-    """A retained engine from the snapshot store, materialised at dest (needs seis.store.SnapshotStore)."""
-    store_cls = None
-    if importlib.util.find_spec("seis.store") is not None:
-        store_cls = getattr(importlib.import_module("seis.store"), "SnapshotStore", None)
-    if store_cls is None:
-        raise PostValError("--snapshot needs the snapshot store (seis.store.SnapshotStore), which is not part of "
-                           "this checkout yet; snapshots arrive with the store. Pass --engine DIR instead.")
+    """A retained engine from the snapshot store, materialised at dest."""
+    from ..store import SnapshotStore
     if not Path(store_root).is_dir():  # checked here: opening a store creates its root
         raise PostValError(f"snapshot store not found at {store_root}; pass --store-root DIR")
     if Path(dest).exists() and any(Path(dest).iterdir()):
         raise PostValError(f"{dest} already exists and is not empty; choose another --out")
     try:
-        store_cls(store_root).get(snapshot_id, dest)
+        SnapshotStore(store_root).get(snapshot_id, dest)
     except (LookupError, RuntimeError, ValueError, OSError) as exc:  # unknown id, store or DVC trouble
         raise PostValError(f"snapshot {snapshot_id!r} from {store_root}: {exc}") from None
     return Path(dest)
