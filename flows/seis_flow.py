@@ -169,13 +169,13 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
                 _set_failed(run, flow_run_id, sessions_done=len(outcomes), message=failure, note=FINISHED_FAILED_NOTE)
                 print(f"run failed: {failure}")
                 return Failed(message=failure)
-            run.set_status("complete", sessions_done=len(outcomes))
+            run.set_status("complete", flow_run_id=flow_run_id, sessions_done=len(outcomes))
             return result
         except Exception as e:
             _set_failed(run, flow_run_id, sessions_done=run.sessions_recorded(), message=f"{type(e).__name__}: {e}")
             raise
         except BaseException as e:  # interrupted (SIGTERM, Ctrl-C): the run is resumable
-            run.set_status("crashed", sessions_done=run.sessions_recorded(),
+            run.set_status("crashed", flow_run_id=flow_run_id, sessions_done=run.sessions_recorded(),
                            message=f"interrupted ({type(e).__name__})")
             interrupted = True      # its registry entry is left to the flow's hooks: a cancellation says so there
             raise
@@ -188,7 +188,7 @@ def _set_failed(run: RunDir, flow_run_id: str, **values) -> None:
     """status.json `failed`, unless the run's cancellation was seen first: then its sessions failed because their
     engines were killed, and CancelWatch.end_run writes `cancelled` (a run's first end written stands: status.py)."""
     if not is_marked(flow_run_id):
-        run.set_status("failed", **values)
+        run.set_status("failed", flow_run_id=flow_run_id, **values)
 
 
 def _sessions(config: RunConfig, run: RunDir, resumed: bool):

@@ -311,21 +311,23 @@ def test_a_signal_another_thread_received_still_stops_the_flows_wait():
 
 
 # ---- status.json: a run's end is not relabelled by a late writer ---------------------------------------------------
+ATTEMPT = "attempt-a"
+
+
 def _ended_run(tmp_path, state: str, **values):
     from seis.session import RunDir
     run = RunDir.create(tmp_path / "run", "{}")
-    run.set_status("running", sessions_total=2)
-    run.set_status(state, **values)
+    run.set_status("running", restart=True, flow_run_id=ATTEMPT, sessions_total=2)
+    run.set_status(state, flow_run_id=ATTEMPT, **values)
     return run
 
 
-def _late_cancel(run, monkeypatch):
-    """What the flow does when its cancel watch saw the cancellation only after the run had ended."""
-    from uuid import uuid4
-
+def _late_cancel(run, monkeypatch, attempt: str | None = None):
+    """What the flow does when its cancel watch saw the cancellation only after the run had ended; `attempt`: the
+    watch's flow run (default: the one that started the run)."""
     import tasks.cancel as cancel
     monkeypatch.setattr(cancel.flow_runs, "end_task_runs", lambda *a, **k: 0)  # no server in this test
-    watch = cancel.CancelWatch(uuid4())
+    watch = cancel.CancelWatch(attempt or run.status().flow_run_id)
     cancel.mark_cancelled(watch.flow_run_id)
     return watch.end_run(run)
 
@@ -342,7 +344,7 @@ def test_a_cancellation_that_comes_after_the_run_completed_or_failed_leaves_its_
         ended = read_status(run.root)
         assert _late_cancel(run, monkeypatch).is_cancelled()
         assert read_status(run.root) == ended, state
-        write_status(run.root, "cancelled", message="the flow run was cancelled")  # the cancellation hook, as late
+        write_status(run.root, "cancelled", flow_run_id=ATTEMPT, message="the flow run was cancelled")  # its hook
         assert read_status(run.root) == ended, state
 
 
@@ -357,12 +359,13 @@ def test_an_ended_run_is_not_reopened_or_relabelled_by_a_late_writer_but_a_resum
         for late in ("running", "complete", "failed", "cancelled", "crashed"):
             if (ended, late) == ("crashed", "cancelled"):
                 continue
-            write_status(run.root, late, sessions_done=0, message="late")
+            write_status(run.root, late, flow_run_id=ATTEMPT, sessions_done=0, message="late")
             assert read_status(run.root) == before, (ended, late)
-        resumed = write_status(run.root, "running", restart=True, resumes=1, message="")
+        resumed = write_status(run.root, "running", restart=True, flow_run_id="attempt-b", resumes=1, message="")
         assert (resumed.state, resumed.resumes, resumed.sessions_done) == ("running", 1, 1)
     run = _ended_run(tmp_path / "interrupted", "crashed", message="interrupted (SIGTERM)")
-    assert write_status(run.root, "cancelled", message="the flow run was cancelled").state == "cancelled"
+    assert write_status(run.root, "cancelled", flow_run_id=ATTEMPT,
+                        message="the flow run was cancelled").state == "cancelled"
 
 
 def test_a_run_whose_sessions_failed_because_it_was_cancelled_says_cancelled(tmp_path, monkeypatch):
@@ -375,8 +378,8 @@ def test_a_run_whose_sessions_failed_because_it_was_cancelled_says_cancelled(tmp
     from seis.session import RunDir
     monkeypatch.setattr(cancel.flow_runs, "end_task_runs", lambda *a, **k: 0)
     run = RunDir.create(tmp_path / "run", "{}")
-    run.set_status("running", sessions_total=2)
     watch = cancel.CancelWatch(uuid4())
+    run.set_status("running", restart=True, flow_run_id=watch.flow_run_id, sessions_total=2)
     cancel.mark_cancelled(watch.flow_run_id)
     _set_failed(run, watch.flow_run_id, sessions_done=0, message="c0/s0: the gate's engine was killed")
     watch.end_run(run)
@@ -411,7 +414,7 @@ def test_an_earlier_attempts_late_hook_leaves_the_resumed_run_running(tmp_path, 
     for kind in ("cancelled", "crashed"):
         run = RunDir.create(tmp_path / kind / "run", "{}")
         run.set_status("running", restart=True, flow_run_id="attempt-a", sessions_total=2)
-        run.set_status("crashed", message="interrupted (SIGTERM)")
+        run.set_status("crashed", flow_run_id="attempt-a", message="interrupted (SIGTERM)")
         run.set_status("running", restart=True, flow_run_id="attempt-b", resumes=1, message="")
         live = read_status(run.root)
         _hook(run.root, "attempt-a", kind, monkeypatch, tmp_path / kind)
@@ -420,5 +423,10 @@ def test_an_earlier_attempts_late_hook_leaves_the_resumed_run_running(tmp_path, 
         assert read_status(run.root).state == kind
     run = RunDir.create(tmp_path / "watch" / "run", "{}")
     run.set_status("running", restart=True, flow_run_id="attempt-b", sessions_total=2)
-    _late_cancel(run, monkeypatch)  # the cancel watch of another flow run than B: its end is not B's
+    _late_cancel(run, monkeypatch, "attempt-c")  # the cancel watch of another flow run than B: its end is not B's
     assert run.status().state == "running"
+    for late in ("complete", "failed", "crashed"):  # an earlier attempt's flow, still writing its own end
+        run.set_status(late, flow_run_id="attempt-a", message="late")
+        assert run.status().state == "running", late
+    with pytest.raises(TypeError):  # and no writer can leave its attempt unsaid (it was then always taken)
+        run.set_status("complete", message="late")

@@ -214,7 +214,7 @@ def test_evolve_whose_cancellation_came_after_the_run_completed_follows_status_j
     config = RunConfig(out=tmp_path / "run", store=tmp_path / "store", model="tiny-qwen3", device="cpu")
     run = RunDir.create(config.out, config.model_dump_json(indent=2))
     run.set_status("running", restart=True, flow_run_id="fr-1", sessions_total=1)
-    run.set_status(recorded, sessions_done=1)
+    run.set_status(recorded, flow_run_id="fr-1", sessions_done=1)
     flow = ModuleType("flows.seis_flow")   # the flow as it ended: Cancelled, status.json as above (no server)
     flow.seis = lambda **kw: SimpleNamespace(is_completed=lambda: False, is_cancelled=lambda: True, name="Cancelled",
                                              message=f"the run in {config.out} was cancelled")

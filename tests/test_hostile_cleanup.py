@@ -216,7 +216,7 @@ def test_the_crash_and_cancel_hook_removes_a_hostile_scratch_dir_and_still_marks
     reg = Registry(tmp_path / "registry")
     run_dir, scratch = tmp_path / "run", tmp_path / "scratch"
     run_dir.mkdir()
-    write_status(run_dir, "running")
+    write_status(run_dir, "running", flow_run_id="fr-1")
     _hostile(scratch, host_file)
     reg.add_run("fr-1", run_dir, scratch)
     monkeypatch.setattr(cleanup, "registry", lambda: reg)

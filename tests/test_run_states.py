@@ -161,7 +161,7 @@ def test_the_runs_best_reads_the_noise_from_each_sessions_gate(tmp_path):
 # ---- (d) sessions_done as sessions finish --------------------------------------------------------------------------
 def test_sessions_done_counts_each_recorded_session_even_when_two_finish_at_once(tmp_path):
     run = RunDir.create(tmp_path / "run", "{}")
-    run.set_status("running", sessions_total=4)
+    run.set_status("running", flow_run_id="fr-1", sessions_total=4)
     pid, state = run.status().pid, run.status().state
     go = threading.Barrier(2)
     errors = []

@@ -59,8 +59,8 @@ class RunDir:
     def status(self) -> RunStatus | None:
         return read_status(self.root)
 
-    def set_status(self, state: str, **values) -> RunStatus:
-        return write_status(self.root, state, **values)
+    def set_status(self, state: str, *, flow_run_id: str, **values) -> RunStatus:
+        return write_status(self.root, state, flow_run_id=flow_run_id, **values)
 
     # ---- attempts: the flow runs that worked in this directory, oldest first --------------------------------
     def attempts(self) -> list[dict]:

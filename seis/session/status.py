@@ -13,9 +13,9 @@ seen just after the run completed, a cleanup hook, a worker) changes nothing, so
 run was cancelled or reopens an ended one. Only a resume starts it again (`restart=True`); and an interrupted run
 (`crashed`) may still be told `cancelled` by the hook that learns the interruption was a cancellation.
 
-A run is one attempt's (flow run) at a time: the write that starts it records `flow_run_id`, and a writer that
-names another attempt (an earlier attempt's cleanup hook, run by its worker after a resume already started) changes
-nothing.
+A run is one attempt's (flow run) at a time: every write names its attempt, the write that starts the run records
+it as `flow_run_id`, and a write by another attempt (an earlier attempt's cleanup hook, run by its worker after a
+resume already started) changes nothing.
 """
 from __future__ import annotations
 
@@ -97,20 +97,19 @@ def _may_replace(old: State, new: State, restart: bool) -> bool:
     return (old, new) == ("crashed", "cancelled")   # the hook says why the run was interrupted
 
 
-def write_status(root: Path, state: State, *, restart: bool = False, flow_run_id: str | None = None,
-                 **values) -> RunStatus:
-    """Update status.json (atomically, under the status lock), keeping the fields not given. `note` defaults to
-    how to continue the run, for every state but `complete`. A run that has ended keeps its status untouched
-    (returned as it is), unless `_may_replace` allows the new state; `restart`: this write (re)starts the run, as
-    attempt `flow_run_id`. A write naming another attempt than the run's changes nothing either."""
+def write_status(root: Path, state: State, *, flow_run_id: str, restart: bool = False, **values) -> RunStatus:
+    """Update status.json (atomically, under the status lock) as attempt `flow_run_id`, keeping the fields not given.
+    `note` defaults to how to continue the run, for every state but `complete`. A run that has ended keeps its
+    status untouched (returned as it is), unless `_may_replace` allows the new state; `restart`: this write
+    (re)starts the run. A write by another attempt than the one that last started the run changes nothing."""
     with _locked(root):
         old = read_status(root)
-        # an earlier attempt's hook can come after a resume restarted the run: its end is not the live attempt's
-        stale = not restart and flow_run_id and old is not None and old.flow_run_id not in ("", str(flow_run_id))
+        # an earlier attempt's hook (or flow) can come after a resume restarted the run: its end is not the live one's
+        stale = not restart and old is not None and old.flow_run_id not in ("", str(flow_run_id))
         if old is not None and (stale or not _may_replace(old.state, state, restart)):
             return old
-        if restart:
-            values["flow_run_id"] = str(flow_run_id or "")
+        if restart or old is None:
+            values["flow_run_id"] = str(flow_run_id)
         base = old.model_dump() if old is not None else {}
         note = values.pop("note", None)
         base.update(values, state=state, updated_at=_now(), pid=os.getpid(), host=socket.gethostname())
