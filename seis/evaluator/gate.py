@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -155,8 +156,16 @@ def _engine_checks(cand: EngineHandle) -> list[CheckResult]:
                             detail=build_fail[0] if build_fail else "built"),
         CheckResult.bounded("engine.timeout", float(cand.timed_out), upper=0.0,
                             detail=timeouts[0] if timeouts else "every call answered in time"),
-        CheckResult.rules("engine.errors", other, cand.calls),
+        _errors_check(cand, other),
     ]
+
+
+def _errors_check(cand: EngineHandle, other: list[str]) -> CheckResult:
+    """engine.errors, with how many calls of each kind failed in `extra` ('failed.<op>'): the detail quotes the
+    engine's own messages, which agents are not shown (report.render_gate_for_agents); the counts they are."""
+    check = CheckResult.rules("engine.errors", other, cand.calls)
+    ops = Counter(f.op for f in cand.failures if f.op != "build" and not f.timeout)
+    return check.model_copy(update={"extra": {**check.extra, **{f"failed.{op}": float(n) for op, n in ops.items()}}})
 
 
 def _close(handles: dict[str, EngineHandle]) -> None:

@@ -37,7 +37,8 @@ def render_checks(checks: list[CheckResult]) -> list[str]:
     return _table(["", "check", "value", "threshold", "detail"], rows)
 
 
-def render_speed(table: SpeedTable) -> list[str]:
+def render_speed(table: SpeedTable, engine_words: bool = True) -> list[str]:
+    """engine_words=False: a row's error is not quoted (see render_gate_for_agents), only that it has one."""
     rows = [[r.workload, r.engine, f"{r.tokens_per_pass:.0f}", _range(r.tok_per_s), _range(r.latency_ms),
              _ratio(r.vs_parent), _ratio(r.vs_vanilla)] for r in table.rows]
     lines = [f"Speed on {table.device}: dev workloads, one request at a time and batched, median (min–max) of "
@@ -47,7 +48,8 @@ def render_speed(table: SpeedTable) -> list[str]:
               + (f"all {w.batch} in one batch (serving throughput), " if w.batch > 1 else "one at a time, ")
               + f"max_new_tokens {w.max_new_tokens}, {'ignore_eos' if w.ignore_eos else 'EOS on'}"
               for w in table.workloads]
-    errors = [f"  {r.engine} on {r.workload}: {_cell(r.error, 300)}" for r in table.rows if r.error]
+    errors = [f"  {r.engine} on {r.workload}: "
+              + (_cell(r.error, 300) if engine_words else f"failed ({ENGINE_WORDS_KEPT})") for r in table.rows if r.error]
     return lines + errors
 
 
@@ -91,6 +93,18 @@ def render_dev_benchmark(result: DevBenchmarkResult) -> str:
 # Checks on prompts agents may see and benchmark themselves; everything else (held-out prompts, EOS probes,
 # long contexts, the calibration) stays out of what agents read.
 AGENT_VISIBLE_PREFIXES = ("engine.", "dev.", "timed.")
+# Nor do an engine's own words after its build: its error replies, its stderr and its unreadable lines, which
+# engine.errors and the speed rows quote. By then the candidate has answered the held-out requests (the mixed batch
+# is its second call), so a candidate that fails on purpose could quote them to the next session's agent. Agents
+# learn how many calls of which kind failed; gate.json keeps the words for the operator.
+ENGINE_WORDS_KEPT = "the engine's messages are kept in gate.json, not shown to agents"
+
+
+def _agent_detail(c: CheckResult) -> str:
+    if c.name != "engine.errors" or c.passed:
+        return c.detail
+    ops = ", ".join(f"{k.removeprefix('failed.')} x{v:g}" for k, v in c.extra.items() if k.startswith("failed."))
+    return f"{c.value:g} failed call(s){f' ({ops})' if ops else ''}; {ENGINE_WORDS_KEPT}"
 
 
 def render_gate_for_agents(result: GateResult) -> str:
@@ -98,11 +112,11 @@ def render_gate_for_agents(result: GateResult) -> str:
     sessions' agents read. gate.json, outside every workspace, keeps the rest."""
     shown = [c for c in result.checks if c.name.startswith(AGENT_VISIBLE_PREFIXES)]
     hidden_failed = [c for c in result.checks if not c.passed and not c.name.startswith(AGENT_VISIBLE_PREFIXES)]
-    rows = [["ok" if c.passed else "FAIL", c.name, _cell(c.detail)] for c in shown]
+    rows = [["ok" if c.passed else "FAIL", c.name, _cell(_agent_detail(c))] for c in shown]
     lines = [f"Gate verdict: {result.verdict.upper()} (candidate tree {result.hashes.candidate_tree[:12]}, "
              f"model {result.model} on {result.device})", "", "Dev checks:", *_table(["", "check", "detail"], rows)]
     if hidden_failed:
         lines += ["", f"{len(hidden_failed)} held-out check(s) failed as well (details are not shown to agents)."]
     if result.speed:
-        lines += ["", *render_speed(result.speed)]
+        lines += ["", *render_speed(result.speed, engine_words=False)]
     return "\n".join(lines)
