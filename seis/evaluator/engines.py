@@ -71,6 +71,10 @@ class Deadline:
     def limit(self, per_call_s: float) -> float:
         return min(per_call_s, self.end - time.monotonic())
 
+    def give_back(self, seconds: float) -> None:
+        """Move the end later by time spent on an engine that has a budget of its own (the parent)."""
+        self.end += seconds
+
 
 class EngineHandle:
     """One engine process. `trusted` engines (the reference) raise ReferenceEngineFailure on any problem, and keep
@@ -79,12 +83,14 @@ class EngineHandle:
 
     def __init__(self, role: str, engine_dir: Path, model_dir: Path, options: dict, isolation: Isolation,
                  deadline: Deadline, build_timeout_s: float, call_timeout_s: float, trusted: bool,
-                 cache_dir: Path | None = None):
+                 cache_dir: Path | None = None, shared: Deadline | None = None):
         # the same engine in a fresh process, with a deadline as long as this one's was
         self.again = lambda: EngineHandle(role, engine_dir, model_dir, options, isolation, Deadline(deadline.seconds),
                                           build_timeout_s, call_timeout_s, trusted, cache_dir)
         self.made: list[tuple[str, tuple]] = []
         self.role, self.trusted, self.deadline = role, trusted, deadline
+        # shared: the other engines' deadline, where this one's is its own; what its calls take is given back there
+        self.shared = shared
         self.build_timeout_s, self.call_timeout_s = build_timeout_s, call_timeout_s
         self.proc = EngineProcess(engine_dir, model_dir, options, timeout_s=call_timeout_s, env=isolation.env,
                                   memory_bytes=isolation.memory_limit_bytes, cache_dir=cache_dir,
@@ -159,6 +165,7 @@ class EngineHandle:
             # it ended on its own since its last call: the call below finds it gone and records why
         limit = self.deadline.limit(per_call_s)
         self.calls += 1
+        started = time.monotonic()
         try:
             if limit <= 0:
                 raise EngineTimeout(f"the gate's time budget ({self.deadline.seconds:.0f} s) ran out before '{op}'")
@@ -180,6 +187,9 @@ class EngineHandle:
             return self._fail(op, str(e))
         except ValidationError as e:
             return self._fail(op, f"malformed reply: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}")
+        finally:
+            if self.shared is not None:
+                self.shared.give_back(time.monotonic() - started)
 
     def _fail(self, op: str, message: str, timeout: bool = False):
         if self.trusted:

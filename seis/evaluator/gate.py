@@ -131,9 +131,14 @@ def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[s
             continue
         # Per-call limits are for untrusted code; the trusted reference is bounded by the gate's deadline alone.
         build_s, call_s = (iso.gate_timeout_s,) * 2 if role in trusted else (iso.build_timeout_s, iso.call_timeout_s)
-        handles[role] = EngineHandle(role, snap.path, setup.model_dir, options, setup.isolation, deadline,
+        # The parent is untrusted and no party to the verdict: its calls take a budget of their own and are given
+        # back to the gate's, else a parent answering each call just inside its limit ran the gate's budget out
+        # under the candidate (its timeout) or the reference (engine.reference_alone), and the candidate failed.
+        own = Deadline(iso.gate_timeout_s) if role == "parent" else deadline
+        handles[role] = EngineHandle(role, snap.path, setup.model_dir, options, setup.isolation, own,
                                      build_s, call_s, trusted=role in trusted,
-                                     cache_dir=_cache_dir(setup, role, role in trusted, held))
+                                     cache_dir=_cache_dir(setup, role, role in trusted, held),
+                                     shared=deadline if role == "parent" else None)
     return handles
 
 
