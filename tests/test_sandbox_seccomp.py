@@ -81,7 +81,8 @@ def test_the_syscall_numbers_match_the_hosts_header() -> None:
         text = open(header).read()
     except OSError:
         pytest.skip(f"no {header} here")
-    for name, nr in {**seccomp.denied(fixed_cpus=True), "personality": seccomp.PERSONALITY}.items():
+    for name, nr in {**seccomp.denied(fixed_cpus=True), "personality": seccomp.PERSONALITY, "socket": seccomp.SOCKET,
+                     "socketpair": seccomp.SOCKETPAIR}.items():
         assert f"#define __NR_{name} {nr}\n" in text, name
 
 
@@ -186,6 +187,46 @@ def test_a_32_bit_system_call_kills_the_process() -> None:
         print(json.dumps({'rc': done.returncode, 'out': done.stdout.decode()}))
     """)
     assert seen["rc"] == -signal.SIGSYS, seen
+
+
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_BLUETOOTH, AF_VSOCK, AF_QIPCRTR = 1, 2, 10, 16, 17, 31, 40, 42
+
+
+def test_no_socket_family_that_a_network_namespace_does_not_confine_can_be_opened() -> None:
+    """A sandbox's network is its namespace: loopback only. A vsock socket is in no network namespace: it reaches the
+    VM host (CID 2) and the services listening there, and listens on ports of the whole machine, so a sandbox with no
+    network held a channel out of it (unfiltered, the probe opens one and listens on a vsock port). Only the families
+    a namespace confines open: UNIX, IPv4, IPv6, netlink; any other fails as on a kernel without it."""
+    eafnosupport = seccomp.RET_ERRNO | errno.EAFNOSUPPORT
+    for nr in (41, 53):   # socket, socketpair
+        for family in (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK):
+            assert verdict(nr, arg0=family) == seccomp.RET_ALLOW, (nr, family)
+        for family in (0, AF_PACKET, AF_BLUETOOTH, AF_VSOCK, AF_QIPCRTR, 45, 0xFFFF):
+            assert verdict(nr, arg0=family) == eafnosupport, (nr, family)
+    assert verdict(41, arg0=(1 << 32) | AF_VSOCK) == eafnosupport   # the kernel reads the family as an int
+    seen = run_inside("""
+        import errno, json, socket
+        out = {}
+        try:
+            s = socket.socket(40, socket.SOCK_STREAM)       # AF_VSOCK
+            s.bind((0xFFFFFFFF, 0))                          # VMADDR_CID_ANY, any port: nothing is contacted
+            s.listen(1)
+            out['vsock'] = 'listening'
+            s.close()
+        except OSError as e:
+            out['vsock'] = errno.errorcode.get(e.errno, str(e.errno))
+        for name, family in (('unix', socket.AF_UNIX), ('inet', socket.AF_INET), ('inet6', socket.AF_INET6)):
+            try:
+                socket.socket(family, socket.SOCK_STREAM).close()
+                out[name] = 'ok'
+            except OSError as e:
+                out[name] = errno.errorcode.get(e.errno, str(e.errno))
+        a, b = socket.socketpair()
+        a.sendall(b'x')
+        out['socketpair'] = b.recv(1).decode()
+        print(json.dumps(out))
+    """)
+    assert seen == {"vsock": "EAFNOSUPPORT", "unix": "ok", "inet": "ok", "inet6": "ok", "socketpair": "x"}, seen
 
 
 def test_ordinary_work_goes_on_under_the_filter() -> None:

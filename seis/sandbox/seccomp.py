@@ -9,6 +9,11 @@ needs and that either keep state outside the sandbox or open a large kernel atta
 - module and kexec loading, reboot, swap, acct, quotactl, syslog, lookup_dcookie: host administration.
 - personality: anything beyond Docker's harmless set (ADDR_NO_RANDOMIZE would switch ASLR off, READ_IMPLIES_EXEC
   make data executable).
+- socket, socketpair: only the address families a network namespace confines (UNIX, IPv4, IPv6, netlink). Any other
+  fails with EAFNOSUPPORT, as on a kernel without it: a vsock socket is in no network namespace (it reaches the VM
+  host, CID 2, and the services listening there, and listens on ports of the whole machine), so a sandbox with no
+  network held a channel out of it; the rest (packet, Bluetooth, ...) no agent or engine needs, and each loads a
+  kernel module of its own on first use.
 - sched_setaffinity, with fixed_cpus (engine sandboxes): a timed engine must stay on the CPU the gate gives it
   (seis.engine_host.affinity), and the call needs no privilege, so a candidate could widen its own threads' masks
   again and run its host side on many CPUs while vanilla gets one. The host pins the engine's threads from
@@ -39,6 +44,9 @@ DENIED: dict[str, int] = {
 }
 PERSONALITY = 135
 SCHED_SETAFFINITY = 203   # denied only with fixed_cpus
+SOCKET, SOCKETPAIR = 41, 53
+# Address families (linux/socket.h) that a network namespace confines: AF_UNIX, AF_INET, AF_INET6, AF_NETLINK.
+SOCKET_FAMILIES = (1, 2, 10, 16)
 # personality(2) values Docker's default profile allows: PER_LINUX, PER_LINUX_32BIT, UNAME26, both, and the query.
 PERSONAS = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 
@@ -50,6 +58,7 @@ NR_AT, ARCH_AT, ARG0_AT = 0, 4, 16
 LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
 RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
 RET_EPERM = RET_ERRNO | errno.EPERM
+RET_EAFNOSUPPORT = RET_ERRNO | errno.EAFNOSUPPORT
 
 Insn = tuple[int, int, int, int]     # struct sock_filter: code, jt, jf, k
 
@@ -64,26 +73,43 @@ def denied(fixed_cpus: bool = False) -> dict[str, int]:
 
 
 def instructions(fixed_cpus: bool = False) -> list[Insn]:
-    """The filter: wrong arch → kill; x32 or a denied number → EPERM; personality outside PERSONAS → EPERM; else
-    allow. Jumps name the two verdicts at the end ("eperm", "allow"), resolved to relative offsets below."""
-    body: list[tuple[int, int | str, int | str, int]] = [
+    """The filter: wrong arch → kill; x32 or a denied number → EPERM; personality outside PERSONAS → EPERM; socket or
+    socketpair of a family outside SOCKET_FAMILIES → EAFNOSUPPORT; else allow. Jumps name their targets (the labels
+    in the list, which classic BPF only jumps forward to), resolved to relative offsets below."""
+    program: list[tuple[int, int | str, int | str, int] | str] = [
         (LD_W_ABS, 0, 0, ARCH_AT),
         (JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
         (RET_K, 0, 0, RET_KILL_PROCESS),
         (LD_W_ABS, 0, 0, NR_AT),
         (JGE_K, "eperm", 0, X32_SYSCALL_BIT),
         *[(JEQ_K, "eperm", 0, nr) for nr in sorted(denied(fixed_cpus).values())],
+        (JEQ_K, "family", 0, SOCKET),
+        (JEQ_K, "family", 0, SOCKETPAIR),
         (JEQ_K, 0, "allow", PERSONALITY),
         (LD_W_ABS, 0, 0, ARG0_AT),   # the kernel takes personality's argument as an unsigned int
         *[(JEQ_K, "allow", 0, p) for p in PERSONAS],
+        (RET_K, 0, 0, RET_EPERM),
+        "family",
+        (LD_W_ABS, 0, 0, ARG0_AT),   # the family, an int: its low word
+        *[(JEQ_K, "allow", 0, f) for f in SOCKET_FAMILIES],
+        (RET_K, 0, 0, RET_EAFNOSUPPORT),
+        "eperm",
+        (RET_K, 0, 0, RET_EPERM),
+        "allow",
+        (RET_K, 0, 0, RET_ALLOW),
     ]
-    labels = {"eperm": len(body), "allow": len(body) + 1}
+    labels: dict[str, int] = {}
+    body: list[tuple[int, int | str, int | str, int]] = []
+    for item in program:
+        if isinstance(item, str):
+            labels[item] = len(body)
+        else:
+            body.append(item)
 
     def offset(pc: int, to: int | str) -> int:
         return to if isinstance(to, int) else labels[to] - pc - 1
 
-    return [*((code, offset(pc, jt), offset(pc, jf), k) for pc, (code, jt, jf, k) in enumerate(body)),
-            (RET_K, 0, 0, RET_EPERM), (RET_K, 0, 0, RET_ALLOW)]
+    return [(code, offset(pc, jt), offset(pc, jf), k) for pc, (code, jt, jf, k) in enumerate(body)]
 
 
 def program(fixed_cpus: bool = False) -> bytes:
