@@ -50,8 +50,8 @@ from .result import (
     SpeedComparison,
     context_flag,
 )
-from .speed import (BoundFn, TimedRules, VanillaScorer, alone, compare, judge_timed, measure_pair, ran_while_frozen,
-                    timed_rules, warm_up)
+from .speed import (BoundFn, TimedRules, VanillaScorer, alone, compare, freeze, judge_timed, measure_pair,
+                    ran_while_frozen, timed_rules, warm_up)
 
 log = logging.getLogger(__name__)
 
@@ -325,12 +325,13 @@ def time_sets(engines, sets: list[TimedSet], sampling_cls: type, time_one: Calla
 
 @dataclass
 class _Sandbox:
-    """One engine's sandbox as pinned_frozen freezes and thaws it: one that ran while frozen fails as in alone()."""
+    """One engine's sandbox as pinned_frozen freezes and thaws it: one that resists its freeze or ran while frozen
+    fails as in alone()."""
     engines: Any
     name: str
 
     def freeze(self) -> None:
-        self.engines[self.name].box.freeze()
+        freeze(self.engines, self.name)
 
     def thaw(self) -> None:
         if self.engines[self.name].box.thaw():

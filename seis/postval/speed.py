@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ..engine_host.gpu_idle import GpuIdle
 from .bandwidth import EnergyMeter, mean_decode_context
@@ -147,7 +147,7 @@ def alone(engines: Mapping[EngineName, EngineProcess], name: EngineName, idle: G
     frozen = []
     try:
         for n in others:
-            engines[n].box.freeze()
+            freeze(engines, n)
             frozen.append(n)
         if idle is not None:
             idle.wait()
@@ -158,18 +158,38 @@ def alone(engines: Mapping[EngineName, EngineProcess], name: EngineName, idle: G
             ran_while_frozen(engines, ran)
 
 
+def freeze(engines: Mapping[EngineName, EngineProcess], name: EngineName) -> None:
+    """Freeze one engine's sandbox. One whose processes do not stay stopped (they resume each other, so SIGSTOPs
+    keep missing some; the freeze gives up after its timeout) would run beside the engine timed next: raised as that
+    engine's doing (_charge), as running while frozen is, not as a SandboxError that ended post-validation with a
+    traceback naming neither engine."""
+    from ..sandbox import SandboxError
+
+    try:
+        engines[name].box.freeze()
+    except SandboxError as e:
+        _charge(engines, [name], f"its processes did not stay frozen for the other engine's timed or warm-up "
+                                 f"requests ({e})", "so the host kept it running")
+
+
 def ran_while_frozen(engines: Mapping[EngineName, EngineProcess], ran: Sequence[EngineName]) -> None:
-    """Raises for engines that ran while frozen. The candidate's is its failure, as any other misbehaviour of it
-    (EngineError): what was timed beside it, and so its ratio, cannot be trusted. Vanilla's is a host failure
-    (HostFailure): vanilla is trusted, and nothing of the candidate's can resume it."""
+    """Raises for engines that ran while frozen (_charge). Vanilla is trusted, and nothing of the candidate's can
+    resume it."""
+    _charge(engines, ran, "its processes ran while it was frozen for the other engine's timed or warm-up requests",
+            "so the host resumed it")
+
+
+def _charge(engines: Mapping[EngineName, EngineProcess], names: Sequence[EngineName], message: str,
+            host_cause: str) -> NoReturn:
+    """The candidate's misbehaviour is its failure, as any other (EngineError): what was timed beside it, and so its
+    ratio, cannot be trusted. Vanilla's is a host failure (HostFailure): vanilla is trusted."""
     from ..engine_host import EngineError
     from ..evaluator.errors import HostFailure
 
-    message = "its processes ran while it was frozen for the other engine's timed or warm-up requests"
-    if "candidate" in ran:
+    if "candidate" in names:
         raise EngineError(f"{engines['candidate'].engine_dir}: {message}")
-    raise HostFailure(f"vanilla ({engines['vanilla'].engine_dir}): {message}; vanilla is trusted, so the host "
-                      f"resumed it: no result")
+    raise HostFailure(f"vanilla ({engines['vanilla'].engine_dir}): {message}; vanilla is trusted, {host_cause}: "
+                      f"no result")
 
 
 def measure_pair(engines: Mapping[EngineName, EngineProcess], rep_prompts: Sequence[Sequence[Sequence[int]]],
