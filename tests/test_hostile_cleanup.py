@@ -277,3 +277,100 @@ def test_a_launcher_stopped_before_it_became_bwrap_counts_as_its_sandboxs_leftov
     finally:
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
+
+
+# ---- a run as an ordinary user: directories the sandbox left without its owner's permissions ----------------------
+def _as_ordinary_user(fn) -> dict:
+    """fn() run as an ordinary user, as SEIS runs when it is not root: its sandboxes then write as that same user, so
+    what they leave is the host's own, but only through the modes they left (root's override of them hid this).
+    As root: in a forked child that drops to `nobody` first; its answer (a JSON object) comes back through a pipe."""
+    import json
+    import seis.tables  # noqa: F401 (imported lazily by the cleanup's problem lines: before the fork, not in it)
+    if os.geteuid() != 0:
+        return fn()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing but its own files from here on, then _exit
+        code = 1
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            os.umask(0o022)
+            out = fn()
+            os.write(write_fd, json.dumps(out).encode())
+            code = 0
+        except BaseException as e:  # noqa: BLE001
+            os.write(write_fd, json.dumps({"error": repr(e)}).encode())
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def _entries(root: str) -> list[tuple[str, int]]:
+    """(path under root, mode) of everything there, walked as root walks it: directories opened whatever their mode."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            found.append((os.path.relpath(path, root), os.lstat(path).st_mode))
+    return found
+
+
+def test_an_ordinary_users_run_cleans_and_removes_what_the_sandbox_locked_away_from_its_owner():
+    """An agent in a run as an ordinary user hides a setuid file (setuid to the operator, whom any local user who runs
+    it becomes), a world-writable directory and a link in a directory it leaves without read permission for its
+    owner (mode 0311): the cleanup could not list it, rejected the session and left all three in the kept workspace.
+    And a candidate's JIT cache holding directories of modes 0000 to 0500 made remove_tree raise PermissionError, out
+    of the gate's scratch cleanup (no verdict: the run stops), a resume's clear or a dev benchmark's scratch: even a
+    0500 directory cannot be moved to another parent, as that rewrites its '..' entry. Both now give such a directory
+    its owner's permissions through a descriptor of it (never through a name a link could stand in), then go on."""
+    def attack() -> dict:
+        from seis.agents.llm.confine import sanitize_workspace
+        top = tempfile.mkdtemp(prefix="seis-ordinary-")
+        ws = os.path.join(top, "workspace")
+        hidden = os.path.join(ws, "engine", "hidden")
+        os.makedirs(os.path.join(hidden, "open"))
+        Path(ws, "engine", "__init__.py").write_text("")
+        Path(hidden, "tool").write_text("#!/bin/sh\nid\n")
+        os.chmod(os.path.join(hidden, "tool"), 0o4755)
+        os.chmod(os.path.join(hidden, "open"), 0o777)
+        os.symlink("/etc/passwd", os.path.join(hidden, "link"))
+        os.makedirs(os.path.join(ws, "engine", "sealed", "inner"))
+        os.chmod(os.path.join(ws, "engine", "sealed"), 0o000)
+        os.chmod(hidden, 0o311)
+        problems = sanitize_workspace(Path(ws))
+        for dirpath, dirnames, _ in os.walk(ws):   # what is left, as root would see it (the test's own look)
+            for name in dirnames:
+                os.chmod(os.path.join(dirpath, name), os.lstat(os.path.join(dirpath, name)).st_mode | 0o700)
+        left = [(rel, mode) for rel, mode in _entries(ws)
+                if mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWOTH) or stat.S_ISLNK(mode)]
+        cache = os.path.join(top, "scratch", "cache-candidate")
+        for i, mode in enumerate((0o000, 0o100, 0o300, 0o500, 0o700)):
+            d = os.path.join(cache, f"triton-{i}", "locked", "deeper")
+            os.makedirs(d)
+            Path(d, "kernel.bin").write_text("x")
+            os.chmod(os.path.join(cache, f"triton-{i}", "locked", "deeper"), mode)
+            os.chmod(os.path.join(cache, f"triton-{i}", "locked"), mode)
+        os.chmod(cache, 0o500)
+        try:
+            remove_tree(os.path.join(top, "scratch"))
+            removal = "removed" if not os.path.exists(os.path.join(top, "scratch")) else "left"
+        except OSError as e:
+            removal = f"raised {e!r}"
+        try:
+            remove_tree(top)
+        except OSError:
+            pass
+        return {"problems": problems, "left": [[rel, oct(mode)] for rel, mode in left], "removal": removal}
+
+    seen = _as_ordinary_user(attack)
+    assert "error" not in seen, seen
+    assert seen["left"] == [], seen
+    assert seen["removal"] == "removed", seen
+    assert any("hidden/link" in p and "symlink" in p for p in seen["problems"]), seen

@@ -245,8 +245,8 @@ def remove_tree(path: str | Path) -> None:
     with at most two descriptors open, however deep the tree. Each directory's entries are moved up into path's
     own directory before it is removed, so the tree flattens as it goes. Missing path: nothing to do.
 
-    A directory the host may not write (mode 0500 in a non-root run) is made writable through its descriptor,
-    never by name, so a link planted in its place cannot pass the mode change on to a host file."""
+    In a run as an ordinary user, a directory the sandbox left without its owner's permissions (0000, 0311, 0500:
+    it can be neither listed nor moved to another parent) gets them back first (owner_access), never by name."""
     path = Path(path)
     try:
         st = os.lstat(path)
@@ -255,10 +255,10 @@ def remove_tree(path: str | Path) -> None:
     if not stat.S_ISDIR(st.st_mode):
         path.unlink()
         return
+    owner_access(None, str(path))
     root = os.open(path, _DIR_FLAGS)
     moved = 0
     try:
-        _writable(root)
         while names := os.listdir(root):
             for name in names:
                 if not stat.S_ISDIR(os.stat(name, dir_fd=root, follow_symlinks=False).st_mode):
@@ -270,14 +270,15 @@ def remove_tree(path: str | Path) -> None:
                 except OSError as e:
                     if e.errno != errno.ENOTEMPTY:
                         raise
+                owner_access(root, name)
                 child = os.open(name, _DIR_FLAGS, dir_fd=root)
                 try:
-                    _writable(child)
                     for inner in os.listdir(child):
                         while True:  # a fresh name at the top; the tree may hold any name already
                             moved += 1
                             if not _exists(root, f".seis-rm-{moved}"):
                                 break
+                        owner_access(child, inner)  # a directory moves to another parent only if writable
                         os.rename(inner, f".seis-rm-{moved}", src_dir_fd=child, dst_dir_fd=root)
                 finally:
                     os.close(child)
@@ -298,13 +299,28 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
         remove_tree(path)
 
 
-def _writable(dir_fd: int) -> None:
-    if os.geteuid() == 0 or os.fstat(dir_fd).st_mode & 0o700 == 0o700:
-        return  # root removes whatever the modes say
+def owner_access(dir_fd: int | None, name: str) -> None:
+    """In a run as an ordinary user, give the directory `name` (under dir_fd) its owner's read, write and search
+    permissions back if it lacks any. Its sandboxes write as that same user, so what they leave is the host's own,
+    but only through the modes they left: a directory at 0311 or 0000 cannot be listed or entered, one at 0500 not
+    moved to another parent (that rewrites its '..'), and root's override of modes hid this. The change goes through
+    an O_PATH descriptor of the entry itself, opened without following a link, and that descriptor's /proc link:
+    never through a name a link could stand in for. Nothing for root, for a link or a file, or for a directory this
+    user does not own (the chmod fails, and the caller's own step says what it could not do)."""
+    if os.geteuid() == 0:
+        return  # root lists, enters and moves whatever the modes say
     try:
-        os.fchmod(dir_fd, 0o700)
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
-        pass  # not ours to change: the removal says what failed
+        return  # gone, a link, or not a directory
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & 0o700 != 0o700:
+            os.chmod(f"/proc/self/fd/{fd}", mode | 0o700)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _exists(dir_fd: int, name: str) -> bool:

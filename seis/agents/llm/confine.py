@@ -33,7 +33,8 @@ from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPol
 from ...sandbox import WriteWatch
 from ...sandbox.cgroup import host_memory_bytes
 from ...sandbox.walk import dir_ids
-from ...workspace.tree import MAX_DEPTH, MAX_PATH_BYTES, is_control_file, path_too_long, remove_tree, safe_mode
+from ...workspace.tree import (MAX_DEPTH, MAX_PATH_BYTES, is_control_file, owner_access, path_too_long, remove_tree,
+                               safe_mode)
 
 WORKSPACE, MODEL, SEIS_FILES = "/workspace", "/model", "/seis"
 SCRATCH_HOME = "/tmp/home"
@@ -239,6 +240,7 @@ def sanitize_workspace(root: Path, skip: Iterable[Path] = ()) -> list[str]:
 
     Returns one line per problem found (empty: the tree was clean); a non-empty answer rejects the session."""
     laid_out = dir_ids(skip)
+    owner_access(None, str(Path(root)))  # as an ordinary user: a directory the agent locked is opened all the same
     root_fd = _open_nofollow(None, str(Path(root)), directory=True)
     if root_fd is None:
         return ["workspace unreadable: not a directory, or a link"]
@@ -305,6 +307,7 @@ def _sanitize_walk(root_fd: int, problems: list[str], skip: set[tuple[int, int]]
                 if len(stack) >= MAX_DEPTH:  # this directory is MAX_DEPTH levels down: a tree walk refuses it
                     remove(dir_fd, name, rel, f"more than {MAX_DEPTH} directories deep", is_dir=True)
                     continue
+                owner_access(dir_fd, name)  # else, in a run as an ordinary user, 0311 hid what lay inside
                 fd = _open_nofollow(dir_fd, name, directory=True)
                 if fd is None:
                     problems.append(f"{_printable(rel)}/: unreadable directory")
