@@ -16,6 +16,7 @@ import base64
 import hashlib
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import until
 
 import seis
 from llm_fakes import BenchStub, FakeAPI, Reply
@@ -504,6 +506,35 @@ def test_what_a_child_killed_at_its_limit_left_in_its_temporary_dir_goes_with_it
     rc, out = run_tree([sys.executable, "-c", leave], 3)
     assert rc is None and out.strip(), out
     assert not Path(out.strip()).exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_dev_benchmark_whose_wait_is_interrupted_leaves_no_process(tmp_path):
+    """An exception raised into run_tree's wait (Ctrl-C, a step's timeout; an SDK agent's benchmark has no session
+    scope to fall back on) kills the benchmark's process group as its time limit does: before, it ran on."""
+    import signal
+
+    pid_file = tmp_path / "pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_tree(["bash", "-c", f"{sys.executable} -c {shlex.quote(child)} & wait"], 30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    pid = int(pid_file.read_text())
+    until(lambda: _gone(pid), 5, "the benchmark's child outlived the interrupted wait")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_tool_arguments_match_their_schemas(tmp_path):

@@ -66,9 +66,10 @@ def run_tree(argv: list[str], timeout_s: float, cwd: Path | None = None, env: di
             rc: int | None = proc.wait(timeout=max(0.0, timeout_s))
         except subprocess.TimeoutExpired:
             rc = None
-        scope.done(proc)  # leftovers of the group, and the child at the limit
-        proc.wait()
-        reader.thread.join(timeout=5.0)
+        finally:  # an exception raised into the wait (an interrupt, a step's timeout) kills the group too
+            scope.done(proc)  # leftovers of the group, and the child at the limit
+            proc.wait()
+            reader.thread.join(timeout=5.0)
     return rc, reader.result()[0].decode("utf-8", errors="replace")
 
 
