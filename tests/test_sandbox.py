@@ -165,6 +165,34 @@ def test_packages_on_the_operators_pythonpath_import_inside_but_the_checkout_sta
     assert (site / "seis_probe_pkg.py").read_text() == "VALUE = 42\n"
 
 
+def test_credential_files_beside_a_shown_python_installation_cannot_be_read(tmp_path: Path, monkeypatch) -> None:
+    """The sandbox shows a Python installation's root whole: a pip.conf or .condarc there (a private package index's
+    token) was readable by every agent and engine; now it cannot be read inside, and the packages beside it still
+    import."""
+    site = tmp_path / "site"
+    (site / "etc").mkdir(parents=True)
+    (site / "seis_probe_pkg.py").write_text("VALUE = 42\n")
+    token = "https://seis:tok-3f9a8c1d@index.example/simple"
+    for conf in (site / "pip.conf", site / ".condarc", site / "etc" / "pip.conf"):
+        conf.write_text(f"[global]\nindex-url = {token}\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    seen = run_probe("""
+        import json, os
+        import seis_probe_pkg
+        read = {}
+        for name in ('pip.conf', '.condarc', 'etc/pip.conf'):
+            try:
+                read[name] = open(os.path.join(%r, name)).read()
+            except OSError as e:
+                read[name] = 'unreadable: ' + str(e)
+        print(json.dumps({'value': seis_probe_pkg.VALUE, 'read': read}))
+    """ % str(site))
+    assert seen["value"] == 42
+    # /dev/null bound over each (on a nodev mount: opening it fails), like the install records that name the checkout
+    assert all(text.startswith("unreadable: [Errno 13]") for text in seen["read"].values()), seen["read"]
+    assert token in (site / "pip.conf").read_text()  # the host's file is untouched
+
+
 def test_path_inside_holds_the_interpreters_tools_and_shown_operator_entries_only(tmp_path: Path,
                                                                                   monkeypatch) -> None:
     # FlashInfer's JIT calls `ninja` (a venv's bin) and `nvcc` by PATH: the operator's entries that the sandbox

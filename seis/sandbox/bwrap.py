@@ -189,6 +189,20 @@ def masked_files(forbidden: tuple[Path, ...]) -> tuple[str, ...]:
     return tuple(sorted(m for m in set(masked) if any(m.startswith(d.rstrip("/") + "/") for d in shown)))
 
 
+# Configuration an installation may keep beside itself that can hold the operator's credentials (a private package
+# index's token in pip.conf or .condarc): the sandbox shows a Python installation's root whole, these unreadable.
+CREDENTIAL_FILES = ("pip.conf", "pip.ini", ".condarc", "condarc", ".netrc", ".pypirc", ".npmrc", ".git-credentials")
+
+
+def credential_files(forbidden: tuple[Path, ...]) -> tuple[str, ...]:
+    """The CREDENTIAL_FILES at the root of each shown Python installation or PYTHONPATH entry, and in its etc/
+    (where pip and conda look for them). Not cached: the operator's PYTHONPATH may change between sandboxes."""
+    found = [d / name for root in python_paths(forbidden) for d in (Path(root), Path(root) / "etc")
+             for name in CREDENTIAL_FILES]
+    # a link is left as it is: bound over, it would mask (or fail on) its target; it shows only what is shown anyway
+    return tuple(str(f) for f in found if f.is_file() and not f.is_symlink())
+
+
 def _site_packages() -> list[str]:
     import site
     return [*site.getsitepackages(), site.getusersitepackages()]
@@ -257,7 +271,8 @@ def options(policy: SandboxPolicy, uid: int | None, info_fd: int, forbidden: tup
     mounts = [(p, p, False) for p in python_paths(forbidden)]
     mounts += [(str(b.src), b.dest, b.writable) for b in policy.binds]
     args += _mounts(mounts)
-    for path in masked_files(forbidden):  # install records that name the checkout: shown empty
+    # /dev/null over each, on a mount without devices: opening it fails (pip and conda skip a config they cannot read)
+    for path in (*masked_files(forbidden), *credential_files(forbidden)):
         args += ["--ro-bind", "/dev/null", path]
     args += ["--chdir", policy.cwd, "--info-fd", str(info_fd), "--seccomp", str(seccomp_fd), "--clearenv"]
     for key, value in sorted(policy.env.items()):
