@@ -79,3 +79,19 @@ def test_a_failing_candidate_cannot_pass_held_out_prompts_to_later_agents(prepar
     errors = next(line for line in shown.splitlines() if "engine.errors" in line)
     assert "generate" in errors, shown
     assert any(r.error for r in result.speed.rows if r.engine == "candidate")
+
+
+def test_problem_lines_quote_no_finish_reason_or_token_id_an_engine_chose():
+    """The timed and dev checks' lines reach agents: a finish reason outside the contract, or the last token of a
+    'stop' that is no stop id (an int of any size), could carry what a candidate saw in held-out prompts."""
+    from seis.evaluator.checks import eos_problems, length_problems, stop_problems
+    from seis.evaluator.engines import GenerationOut
+
+    secret_id = 10 ** 60 + 7
+    outs = [GenerationOut(token_ids=[5, 6], finish_reason="q: 48 apples?"),
+            GenerationOut(token_ids=[5, secret_id], finish_reason="stop")]
+    lines = (length_problems(outs, [2, 2], [3, 3], 64, exact=[True, True])
+             + eos_problems(outs, [False, False], [2])
+             + stop_problems(outs, [[5, 6], [5, 6]], [[6], [6]], [False, False], [2], [2, 2]))
+    assert lines and any("finish_reason other than 'stop' or 'length'" in line for line in lines), lines
+    assert not any("apples" in line or str(secret_id) in line for line in lines), lines

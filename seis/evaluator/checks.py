@@ -176,7 +176,7 @@ def length_problems(outs: Sequence[GenerationOut | None] | None, max_new: Sequen
             continue
         n, allowed = len(out.token_ids), min(max_new[i], max_seq_len - prompt_lens[i])
         if out.finish_reason not in ("stop", "length"):
-            problems.append(f"request {i}: finish_reason {out.finish_reason!r}")
+            problems.append(f"request {i}: finish_reason {_finish(out)}")
         if n == 0:
             problems.append(f"request {i}: empty output")
         elif n > max_new[i]:
@@ -185,8 +185,14 @@ def length_problems(outs: Sequence[GenerationOut | None] | None, max_new: Sequen
             problems.append(f"request {i}: finish 'length' after {n} tokens, expected {allowed}")
         elif exact is not None and i < len(exact) and exact[i] and (n != allowed or out.finish_reason != "length"):
             problems.append(f"request {i}: ignore_eos without stop ids gave {n} tokens with finish "
-                            f"{out.finish_reason!r}, expected exactly {allowed} with finish 'length'")
+                            f"{_finish(out)}, expected exactly {allowed} with finish 'length'")
     return problems
+
+
+def _finish(out: GenerationOut) -> str:
+    """A finish reason as a problem line quotes it: the contract's two by name, any other string not at all (the
+    engine chose it after seeing held-out prompts, and agents read these lines)."""
+    return repr(out.finish_reason) if out.finish_reason in ("stop", "length") else "other than 'stop' or 'length'"
 
 
 def eos_problems(outs: Sequence[GenerationOut | None] | None, ignore_eos: Sequence[bool], eos_ids: Sequence[int],
@@ -202,7 +208,7 @@ def eos_problems(outs: Sequence[GenerationOut | None] | None, ignore_eos: Sequen
         enders = stops if ignore_eos[i] else stops | eos
         ids = out.token_ids
         if out.finish_reason == "stop" and (not ids or ids[-1] not in enders):
-            problems.append(f"request {i}: finish 'stop' but the last token {ids[-1:]} is not an EOS/stop id")
+            problems.append(f"request {i}: finish 'stop' but the last token is not an EOS/stop id")
         inner = [t for t in ids[:-1] if t in enders]
         if inner:
             problems.append(f"request {i}: EOS/stop id {inner[0]} inside the output (it should have ended there)")
@@ -424,9 +430,9 @@ def stop_problems(outs: Sequence[GenerationOut | None] | None, expected: Sequenc
             problems.append(f"request {i}: stop id {ids[inner]} at token {inner}, but the output goes on to "
                             f"{len(ids)} tokens")
         if ids and ids[-1] in enders and out.finish_reason != "stop":
-            problems.append(f"request {i}: ends in stop id {ids[-1]} with finish {out.finish_reason!r}")
+            problems.append(f"request {i}: ends in stop id {ids[-1]} with finish {_finish(out)}")
         elif out.finish_reason == "stop" and (not ids or ids[-1] not in enders):
-            problems.append(f"request {i}: finish 'stop' but the last token {ids[-1:]} is no stop id")
+            problems.append(f"request {i}: finish 'stop' but the last token is no stop id")
         if len(ids) > max_new[i] or not ids:
             problems.append(f"request {i}: {len(ids)} tokens (max_new_tokens {max_new[i]})")
     return problems
