@@ -231,3 +231,89 @@ def test_a_tree_nested_past_the_recursion_limit_is_refused_not_a_crash(engine, t
     with pytest.raises(StoreError, match="cannot be stored"):
         store.put(engine)
     assert store.list() == []
+
+
+def _dvc_store(tmp_path, remote: bool = False) -> SnapshotStore:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run([*dvc_command(), "init", "--no-scm", "-q"], cwd=repo, check=True)
+    if remote:
+        subprocess.run([*dvc_command(), "remote", "add", "-d", "local", str(tmp_path / "remote")], cwd=repo,
+                       check=True, capture_output=True)
+    return SnapshotStore(repo / "snapshots")
+
+
+@pytest.mark.skipif(dvc_command() is None, reason="DVC is not installed")
+def test_a_dvc_file_naming_another_tree_restores_nothing_and_leaves_nothing_that_looks_present(engine, tmp_path):
+    """A .dvc file whose output keeps the snapshot's path but whose md5 names another tree's contents (a clone's git
+    pull): DVC wrote that tree into the snapshot's directory; `get` refused it, but the directory stayed, so `fetch`
+    said the snapshot was present, and once the .dvc file was right again no restore ever came back from DVC."""
+    store = _dvc_store(tmp_path)
+    other = tmp_path / "other"
+    copy_tree(engine, other)
+    (other / "engine" / "model.py").write_text("raise SystemExit('not the gated code')\n")
+    sid, oid = store.put(engine), store.put(other)
+    dvc_file = store.root / f"{sid}.dvc"
+    original = dvc_file.read_text()
+    dvc_file.write_text((store.root / f"{oid}.dvc").read_text().replace(oid, sid))
+    shutil.rmtree(store.root / sid)  # a fresh clone: restored from DVC on demand
+    for call in (lambda: store.get(sid, tmp_path / "restored"), lambda: store.fetch(sid), lambda: store.fetch(sid)):
+        with pytest.raises(StoreError, match=f"snapshot {sid} restored from the DVC cache does not match"):
+            call()
+        assert not (store.root / sid).exists() and not (tmp_path / "restored").exists()
+    dvc_file.write_text(original)
+    assert store.fetch(sid) == "cache"
+    assert _files(store.get(sid, tmp_path / "restored")) == _files(engine)
+
+
+@pytest.mark.skipif(dvc_command() is None, reason="DVC is not installed")
+def test_a_remote_missing_objects_is_a_store_error_naming_the_snapshot(engine, tmp_path):
+    """A remote that lacks some of a snapshot's objects (a push that never finished, a pruned remote): DVC's own
+    error (DvcError, one line per object) came out of `get` and `fetch`, which the gate and the benchmarks do not
+    catch as a store's refusal: a traceback instead of the gate's bad-input verdict or the benchmark's one line."""
+    store = _dvc_store(tmp_path, remote=True)
+    sid = store.put(engine)
+    shutil.rmtree(store.dvc.root / ".dvc" / "cache")  # another machine: only the remote holds the files
+    shutil.rmtree(store.root / sid)
+    objects = sorted(p for p in (tmp_path / "remote").rglob("*") if p.is_file() and not p.name.endswith(".dir"))
+    for p in objects[::2]:
+        p.unlink()
+    for call in (lambda: store.get(sid, tmp_path / "restored"), lambda: store.fetch(sid)):
+        with pytest.raises(StoreError, match=f"snapshot {sid}'s files could not be restored from the DVC remote") \
+                as caught:
+            call()
+        assert len(str(caught.value).splitlines()) == 1
+        assert not (store.root / sid).exists() and not (tmp_path / "restored").exists()
+
+
+@pytest.mark.skipif(dvc_command() is None, reason="DVC is not installed")
+def test_a_get_waits_for_a_restore_in_flight_instead_of_copying_half_of_it(engine, tmp_path, monkeypatch):
+    """Two processes restoring one snapshot that DVC must bring back (workers sharing a store, two post-validations):
+    `get` restored without the store's lock, so the second one copied the directory the first one's checkout was
+    still writing and failed the hash check ("store corrupted?")."""
+    from seis.store import DvcRepo
+    store = _dvc_store(tmp_path)
+    sid = store.put(engine)
+    shutil.rmtree(store.root / sid)
+    writing, finish = threading.Event(), threading.Event()
+    checkout = DvcRepo.checkout
+
+    def slow_checkout(self, dvc_file):  # DVC writes a directory's files one by one
+        (store.root / sid).mkdir()
+        (store.root / sid / "NOTES.md").write_text("n\n")
+        writing.set()
+        finish.wait(10)
+        shutil.rmtree(store.root / sid)
+        checkout(self, dvc_file)
+
+    monkeypatch.setattr(DvcRepo, "checkout", slow_checkout)
+    first = threading.Thread(target=lambda: store.get(sid, tmp_path / "first"))
+    first.start()
+    assert writing.wait(10)
+    threading.Timer(0.5, finish.set).start()
+    try:
+        second = store.get(sid, tmp_path / "second")
+    finally:
+        finish.set()
+        first.join()
+    assert _files(second) == _files(tmp_path / "first") == _files(engine)

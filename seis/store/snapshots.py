@@ -236,7 +236,8 @@ class SnapshotStore:
         dest = Path(dest)
         if dest.exists() and any(dest.iterdir()):
             raise StoreError(f"{dest} already exists and is not empty")
-        self._ensure_present(info)
+        with self._lock():  # another process's restore of it may be under way: never copy half of it
+            self._ensure_present(info)
         manifest = self._read_manifest(info.id)
         made = not dest.exists()
         dest.mkdir(parents=True, exist_ok=True)
@@ -292,17 +293,10 @@ class SnapshotStore:
 
     def fetch(self, snapshot_id: str) -> str:
         """Make the snapshot's files present here; returns where they came from: "present", "cache" (this
-        machine's DVC cache) or "remote" (pulled from the DVC remote). Its tree hash is checked either way."""
+        machine's DVC cache) or "remote" (pulled from the DVC remote). What DVC restores is hash-checked."""
         info = self.info(snapshot_id)
         with self._lock():
-            source = self._ensure_present(info)
-        try:
-            changed = source != "present" and tree_hash(info.path) != info.tree_hash
-        except TreeError as e:
-            raise StoreError(f"snapshot {info.id} restored from the DVC {source} is no engine tree: {e}") from None
-        if changed:
-            raise StoreError(f"snapshot {info.id} restored from the DVC {source} does not match its manifest")
-        return source
+            return self._ensure_present(info)
 
     def info(self, snapshot_id: str) -> SnapshotInfo:
         return self._load(self._check_id(snapshot_id))
@@ -379,7 +373,8 @@ class SnapshotStore:
     def _ensure_present(self, info: SnapshotInfo) -> str:
         """A tracked snapshot whose directory was removed (e.g. a fresh clone) comes back from the DVC cache, or
         from the remote when another machine made it, once its .dvc file names nothing but the snapshot's
-        directory. Returns "present", "cache" or "remote"."""
+        directory; what DVC wrote must then be the manifest's tree. Returns "present", "cache" or "remote".
+        Call it under the store's lock."""
         if info.path.is_dir():
             return "present"
         if info.dvc and self.dvc is not None:
@@ -392,13 +387,33 @@ class SnapshotStore:
                 raise StoreError(f"snapshot {info.id}'s .dvc file is refused: {why}")
             source = "cache"
             try:
-                self.dvc.checkout(dvc_file)
-            except DvcError:
-                if not self._remote():
-                    raise
-                self.dvc.pull(dvc_file)  # not in the local cache (another machine made it): fetch it
-                source = "remote"
+                try:
+                    self.dvc.checkout(dvc_file)
+                except DvcError:
+                    if not self._remote():
+                        raise
+                    source = "remote"
+                    self.dvc.pull(dvc_file)  # not in the local cache (another machine made it): fetch it
+            except DvcError as e:  # a store's refusal, as every other: callers catch StoreError, not DVC's words
+                remove_tree(info.path)  # what a failed restore wrote must not look present later
+                lines = [line for line in str(e).splitlines() if line.strip()]
+                more = f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else ""
+                raise StoreError(f"snapshot {info.id}'s files could not be restored from the DVC {source}: "
+                                 f"{lines[0] if lines else 'DVC failed'}{more}") from None
             if info.path.is_dir():
+                self._check_restored(info, source)
                 return source
         raise StoreError(f"snapshot {info.id}'s files are missing from {info.path}"
                          + (" and DVC could not restore them" if info.dvc else ""))
+
+    def _check_restored(self, info: SnapshotInfo, source: str) -> None:
+        """What DVC just wrote into the snapshot's directory is its manifest's tree, or it is removed again: a .dvc
+        file naming other contents (a clone's git pull) or a damaged remote object would otherwise stay there,
+        looking present to every later fetch, get or put, and no later restore would replace it."""
+        try:
+            why = None if tree_hash(info.path) == info.tree_hash else "does not match its manifest"
+        except TreeError as e:
+            why = f"is no engine tree ({e})"
+        if why:
+            remove_tree(info.path)
+            raise StoreError(f"snapshot {info.id} restored from the DVC {source} {why}; removed again")
