@@ -225,3 +225,26 @@ def test_a_benchmark_names_its_commit_and_says_when_the_checkout_differed(tmp_pa
     assert source_commit(tmp_path) == head + "+changes"
     monkeypatch.setenv("SEIS_COMMIT", "abc1234")  # a copy without .git says where it came from
     assert source_commit(tmp_path) == "abc1234"
+
+
+@pytest.mark.parametrize("bench", ["versus", "ladder", "engine_speed", "speculation", "kernel_profile"])
+@pytest.mark.parametrize("where", ["missing folder", "a directory"])
+def test_a_json_path_that_cannot_be_written_is_refused_before_anything_runs(bench, where, tmp_path, monkeypatch):
+    """--json was first opened when the run had ended: a path in a folder that does not exist, or a directory,
+    ended a run of many minutes (engines built, every repetition timed) in a traceback, and the ladder lost every
+    figure it had measured (it writes the JSON before it prints its table)."""
+    import importlib
+
+    import seis.models
+    module = importlib.import_module(f"seis.benchmarks.{bench}")
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the benchmark started before its --json was checked")
+
+    monkeypatch.setattr(seis.models, "resolve_model", no_run)
+    if bench == "speculation":
+        monkeypatch.setattr(module, "measure", no_run)
+    out = tmp_path / "nowhere" / "result.json" if where == "missing folder" else tmp_path
+    with pytest.raises(SystemExit, match=f"--json {out}: "):
+        module.main(["--json", str(out)])
+    assert not (tmp_path / "nowhere").exists()

@@ -1,8 +1,10 @@
 """Benchmarks run as their own processes (python -m seis.benchmarks.NAME)."""
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 @contextmanager
@@ -32,3 +34,19 @@ def token_outputs(engine, reply: object, max_new_tokens: int) -> list[list[int]]
             raise EngineError(f"{engine.engine_dir}: a generate reply whose outputs are not lists of at most "
                               f"{max_new_tokens} token ids: {str(o)[:100]}")
     return outs
+
+
+def json_out(path: Path | None) -> Path | None:
+    """A benchmark's --json, checked before anything runs: the file is written once the run has ended, and a path
+    that cannot take it (its folder missing, a directory, no write permission) would lose a run of many minutes to
+    a traceback at its very end."""
+    if path is None:
+        return None
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise SystemExit(f"--json {path}: a directory; name a file")
+    if not folder.is_dir():
+        raise SystemExit(f"--json {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise SystemExit(f"--json {path}: not writable")
+    return path

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import tables
 from ..stats import fmt_range, summarize
+from . import json_out
 from .provenance import source_commit
 
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    json_out(args.json)
 
     import torch
     from ..engine_import import ENGINE_TEMPLATE, import_engine

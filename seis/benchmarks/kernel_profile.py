@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .. import tables
+from . import json_out
 from .provenance import source_commit
 
 
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    json_out(args.json)
 
     import torch
     from torch.profiler import ProfilerActivity, profile

@@ -25,7 +25,7 @@ from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
 from ..stats import fmt_range, summarize
-from . import engine_failures_shown, token_outputs
+from . import engine_failures_shown, json_out, token_outputs
 from .provenance import source_commit
 
 
@@ -99,6 +99,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    json_out(args.json)
     if args.batch < 1:
         raise SystemExit(f"--batch must be at least 1, not {args.batch}")
     if args.max_batch_size is not None and args.max_batch_size < 1:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from .. import tables
+from . import json_out
 from .provenance import source_commit
 from .ladder import _drafts
 
@@ -218,6 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    json_out(args.json)
     if min(args.gsm8k, args.retrieval, args.check, args.compare_gsm8k, args.compare_retrieval, args.compare_check) < 0:
         raise SystemExit("counts must not be negative")
     if args.max_new_tokens < 1 or args.threads < 1:

@@ -37,7 +37,7 @@ from pathlib import Path
 from .. import tables
 from ..stats import summarize
 from ..tables import printable
-from . import engine_failures_shown, token_outputs
+from . import engine_failures_shown, json_out, token_outputs
 
 VANILLA = "vanilla mini-sglang"
 
@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="seconds one batch call of a system may take (warm-up included) before the run stops")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    json_out(args.json)
     batches = [int(b) for b in args.batches.split(",") if b]
     if not batches or min(batches) < 1 or args.reps < 3:
         raise SystemExit("--batches needs positive sizes, and --reps at least 3 (median of three or more)")
