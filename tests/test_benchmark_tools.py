@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from seis.benchmarks import kernel_profile, ladder
+from seis.benchmarks import kernel_profile, labelled_dirs, ladder
 from seis.engine_import import ENGINE_TEMPLATE
 
 REPO = ENGINE_TEMPLATE.parent
@@ -22,7 +22,7 @@ def test_ladder_times_extra_engine_trees_under_their_labels(tmp_path):
     tree = tmp_path / "retained"
     shutil.copytree(ENGINE_TEMPLATE, tree)
     got = ladder.systems(["greedy-multistep-decode"], False, [], tmp_path / "work",
-                         extra=ladder._labelled_dirs([f"from a run={tree}"]))
+                         extra=labelled_dirs([f"from a run={tree}"]))
     assert list(got) == ["E0", "E0 + greedy-multistep-decode", "from a run"]
     assert got["from a run"] == (tree, {})
 
@@ -51,7 +51,7 @@ def test_a_ladder_run_reports_each_engines_counters_and_how_drafts_fared(tmp_pat
 def test_ladder_refuses_bad_engine_values(tmp_path, value, message):
     value = value.format(missing=tmp_path / "nothing", template=ENGINE_TEMPLATE)
     with pytest.raises(SystemExit, match=message):
-        ladder.systems([], False, [], tmp_path, extra=ladder._labelled_dirs([value]))
+        ladder.systems([], False, [], tmp_path, extra=labelled_dirs([value]))
 
 
 @pytest.mark.parametrize("stats", [{"verify_steps": 3}, {"verify_steps": "3", "draft_tokens": 9,

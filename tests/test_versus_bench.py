@@ -217,3 +217,31 @@ def test_a_snapshot_from_a_store_that_is_not_there_or_lacks_it_exits_with_one_li
     store.mkdir()
     with pytest.raises(SystemExit, match="--snapshot 0123456789abcdef: no snapshot"):
         versus.engine_trees([], {}, ["0123456789abcdef"], store, tmp_path / "work")
+
+
+def test_every_system_of_a_run_has_a_label_of_its_own(tmp_path):
+    """Labels name the rows of the table and the keys of the JSON: an --engine or --stack labelled "vanilla
+    mini-sglang" took the baseline's place (every ratio then against that engine, mini-sglang's process left
+    running), a second --engine with a label already given, or one named like a --snapshot's row, silently
+    replaced the first, and a --snapshot given twice ended in "already exists and is not empty"."""
+    from seis.benchmarks import labelled_dirs
+    from seis.engine_import import ENGINE_TEMPLATE
+    from seis.store import SnapshotStore
+    from seis.workspace import copy_tree
+
+    with pytest.raises(SystemExit, match="--engine same: given twice"):
+        labelled_dirs(["same=/a", "same=/b"])
+    assert labelled_dirs(["a=/x", "b=/x=y"]) == {"a": versus.Path("/x"), "b": versus.Path("/x=y")}
+    store = tmp_path / "store"
+    engine = tmp_path / "engine"
+    copy_tree(ENGINE_TEMPLATE, engine)
+    sid = SnapshotStore(store).put(engine)
+    for i, (stacks, engines, snapshots) in enumerate([
+            ([], {versus.VANILLA: ENGINE_TEMPLATE}, []),
+            ([(versus.VANILLA, ["greedy-multistep-decode"])], {}, []),
+            ([], {f"snapshot {sid}": ENGINE_TEMPLATE}, [sid]),
+            ([], {}, [sid, sid])]):
+        with pytest.raises(SystemExit, match="taken|given twice"):
+            versus.engine_trees(stacks, engines, snapshots, store, tmp_path / f"work-{i}")
+    trees = versus.engine_trees([], {"cand": ENGINE_TEMPLATE}, [sid], store, tmp_path / "work")
+    assert list(trees) == ["E0", "cand", f"snapshot {sid}"]

@@ -50,3 +50,18 @@ def json_out(path: Path | None) -> Path | None:
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise SystemExit(f"--json {path}: not writable")
     return path
+
+
+def labelled_dirs(values: list[str]) -> dict[str, Path]:
+    """label -> engine tree of each --engine LABEL=DIR. A label names one row of the table and one key of the JSON,
+    so a label given twice is refused: the second tree would silently take the first one's place."""
+    out: dict[str, Path] = {}
+    for v in values:
+        label, sep, path = v.partition("=")
+        if not sep or not label or not path:
+            raise SystemExit(f"--engine wants LABEL=DIR, not {v!r}")
+        if label in out:
+            raise SystemExit(f"--engine {label}: given twice ({out[label]} and {path}); give each engine a label "
+                             f"of its own")
+        out[label] = Path(path)
+    return out

@@ -25,7 +25,7 @@ from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
 from ..stats import fmt_range, summarize
-from . import engine_failures_shown, json_out, token_outputs
+from . import engine_failures_shown, json_out, labelled_dirs, token_outputs
 from .provenance import source_commit
 
 
@@ -53,16 +53,6 @@ def systems(order: list[str], alone: bool, backends: list[str], work: Path, also
         if not (Path(engine_dir) / "engine" / "engine.py").is_file():
             raise SystemExit(f"--engine {label}={engine_dir}: no engine/engine.py there")
         out[label] = (Path(engine_dir), {})
-    return out
-
-
-def _labelled_dirs(values: list[str]) -> dict[str, Path]:
-    out = {}
-    for v in values:
-        label, sep, path = v.partition("=")
-        if not sep or not label or not path:
-            raise SystemExit(f"--engine wants LABEL=DIR, not {v!r}")
-        out[label] = Path(path)
     return out
 
 
@@ -135,7 +125,7 @@ def _time_engines(args: argparse.Namespace, model_dir: Path, calls: list[list[li
     order = [n for n in args.order.split(",") if n]
     backends = [b for b in args.backends.split(",") if b]
     also = [[n for n in stack.split("+") if n] for stack in args.also.split(",") if stack]
-    extra = _labelled_dirs(args.engine)
+    extra = labelled_dirs(args.engine)
     engines: dict[str, EngineProcess] = {}
     info, tokens, times = {}, {}, {}
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from .. import tables
 from ..stats import summarize
 from ..tables import printable
-from . import engine_failures_shown, json_out, token_outputs
+from . import engine_failures_shown, json_out, labelled_dirs, token_outputs
 
 VANILLA = "vanilla mini-sglang"
 
@@ -152,7 +152,9 @@ def parse_stacks(values: list[str], stack_label: str = "") -> list[tuple[str, li
 
 def engine_trees(stacks: list[tuple[str, list[str]]], engines: dict[str, Path], snapshots: list[str], store: Path,
                  work: Path) -> dict[str, Path]:
-    """label -> engine tree: E0, each library stack on E0, --engine trees and stored snapshots."""
+    """label -> engine tree: E0, each library stack on E0, --engine trees and stored snapshots. Each label names
+    one system of the run (a row, a key of the JSON): none may be taken twice, nor be vanilla mini-sglang's, whose
+    place in the run it would take (the baseline of every ratio)."""
     from ..agents.offline.library import load_library
     from ..agents.offline.verify import build_candidate
     from ..engine_import import ENGINE_TEMPLATE
@@ -162,11 +164,11 @@ def engine_trees(stacks: list[tuple[str, list[str]]], engines: dict[str, Path], 
         unknown = [n for n in stack if n not in library]
         if unknown:
             raise SystemExit(f"not in the library: {', '.join(unknown)} (known: {', '.join(sorted(library))})")
-        if label in out:
+        if label in out or label == VANILLA:
             raise SystemExit(f"--stack {label}: label taken")
         out[label] = build_candidate(work / f"stack-{i}", [library[n] for n in stack])
     for label, path in engines.items():
-        if label in out or not (path / "engine" / "__init__.py").is_file():
+        if label in out or label == VANILLA or not (path / "engine" / "__init__.py").is_file():
             raise SystemExit(f"--engine {label}={path}: label taken, or no engine package there")
         out[label] = path
     if snapshots:
@@ -175,6 +177,8 @@ def engine_trees(stacks: list[tuple[str, list[str]]], engines: dict[str, Path], 
             raise SystemExit(f"snapshot store not found at {store}; pass --store DIR")
         st = SnapshotStore(store)
         for sid in snapshots:
+            if f"snapshot {sid}" in out:
+                raise SystemExit(f"--snapshot {sid}: given twice, or its label taken by an --engine")
             try:
                 out[f"snapshot {sid}"] = st.get(sid, work / f"snapshot-{sid}")
             except (LookupError, StoreError) as e:  # unknown id, a refused or missing snapshot, DVC failing
@@ -349,12 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     model_dir = Path(resolve_model(args.model))
     stacks = parse_stacks(args.stack, args.stack_label)
-    labelled = {}
-    for v in args.engine:
-        label, sep, path = v.partition("=")
-        if not sep or not label or not path:
-            raise SystemExit(f"--engine wants LABEL=DIR, not {v!r}")
-        labelled[label] = Path(path)
+    labelled = labelled_dirs(args.engine)
     calls = workloads(model_dir, batches, args.reps, args.prompt_len, not args.no_gsm8k)
     options = {"device": args.device, "max_batch_size": max(batches), "max_seq_len": 2048}
     systems: dict = {}
