@@ -379,3 +379,75 @@ def test_paths_given_relative_are_recorded_absolute_so_a_resume_from_elsewhere_u
     resumed = resolve_config(None, {}, first / "run").config
     assert (resumed.agent_library, resumed.base_engine, resumed.model, resumed.prompt_template) == (
         config.agent_library, config.base_engine, config.model, config.prompt_template)
+
+
+def _recorded_chain_run(tmp_path: Path) -> tuple[RunConfig, Path]:
+    """A chain run as an interrupted attempt leaves it: vanilla pinned, c0/s0 finished and retained (its engine in
+    the store), c0/s1 not recorded."""
+    import shutil
+
+    from seis.engine_import import ENGINE_TEMPLATE
+    from seis.session import RunDir, SessionOutcome
+    from seis.session.resume import save_outcome
+    from seis.store import SnapshotStore
+    from seis.workspace import Report
+
+    config = RunConfig(protocol="chain", chains=1, sessions=2, model="tiny-qwen3", device="cpu", gate="smoke",
+                       out=tmp_path / "run", store=tmp_path / "store")
+    run = RunDir.create(config.out, config.model_dump_json(indent=2))
+    run.set_status("crashed", flow_run_id="fr-1", sessions_total=2)
+    store = SnapshotStore(config.store)
+    vanilla = store.put(ENGINE_TEMPLATE, {"role": "vanilla"})
+    run.record_vanilla(vanilla)
+    edited = tmp_path / "edited"
+    shutil.copytree(ENGINE_TEMPLATE, edited)
+    (edited / "engine" / "tuned.py").write_text("FAST = True\n")
+    retained = store.put(edited, {"run": config.run_id, "chain": "c0", "session": 0})
+    session_dir = run.session_dir("c0", 0)
+    session_dir.mkdir(parents=True)
+    (session_dir / "gate.json").write_text('{"verdict": "pass"}\n')
+    (session_dir / "report.md").write_text("an agent's paid-for report\n")
+    save_outcome(session_dir, SessionOutcome(
+        chain="c0", session=0, parent_snapshot=vanilla, snapshot=retained, retained=True, verdict="pass",
+        reasons=(), dev_speedup_vs_vanilla=1.3, dev_speedup_vs_parent=1.3, synced_from=(), agent="anthropic",
+        applied=("tuned",), adopted=(), tokens_in=90_000, tokens_out=9_000, cost_usd=4.2, wall_s=600.0,
+        report=Report("c0", 0, "an agent's paid-for report\n", "retained")))
+    return config, session_dir
+
+
+@pytest.mark.parametrize("store_is", ["gone", "empty"])
+def test_a_resume_whose_store_lost_the_runs_snapshots_is_refused_and_deletes_nothing(tmp_path, monkeypatch,
+                                                                                     store_is):
+    """The recorded store is gone (moved, a mount that is not up) or empty: a resume judged the finished sessions
+    whose engines it lacks unfinished, deleted their gate, report and workspace, pinned a new vanilla and ran them
+    again (an LLM agent's paid-for work lost), exiting 0. It is refused in one line naming the store and the
+    missing snapshots, before any work, and the run directory stays as it was."""
+    from typer.testing import CliRunner
+
+    import seis.cli
+    from seis.session.preflight import preflight_run
+
+    config, session_dir = _recorded_chain_run(tmp_path)
+    before = {p.name: p.read_bytes() for p in session_dir.iterdir()}
+    vanilla_json = (config.out / "vanilla.json").read_bytes()
+    (tmp_path / "store").rename(tmp_path / "store.moved")
+    if store_is == "empty":
+        (tmp_path / "store").mkdir()
+
+    def started(out):
+        raise AssertionError("the run started")
+    monkeypatch.setattr(seis.cli, "_prefect_api", started)
+    out = CliRunner().invoke(seis.cli.app, ["evolve", "--resume", str(config.out)])
+    assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.output
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: the store {config.store} "), out.stderr
+    outcome = json.loads((session_dir / "outcome.json").read_text())
+    assert outcome["snapshot"] in lines[0] and "c0/s0" in lines[0] and outcome["parent_snapshot"] in lines[0]
+    assert {p.name: p.read_bytes() for p in session_dir.iterdir()} == before
+    assert (config.out / "vanilla.json").read_bytes() == vanilla_json
+    assert (tmp_path / "store").exists() == (store_is == "empty")   # a missing store is not made empty either
+
+    # the store back in place: the same resume passes its checks
+    (tmp_path / "store").rmdir() if store_is == "empty" else None
+    (tmp_path / "store.moved").rename(tmp_path / "store")
+    assert preflight_run(config, resume=True) is not None

@@ -100,6 +100,8 @@ def preflight_run(config: RunConfig, resume: bool = False, resume_hint: str = "-
     output dir behind."""
     existed = config.out.exists()
     config.preflight(resume=resume, resume_hint=resume_hint)
+    if resume:
+        _check_recorded_snapshots(config)
     if config.dispatch == "workers":
         return None
     try:
@@ -108,3 +110,17 @@ def preflight_run(config: RunConfig, resume: bool = False, resume_hint: str = "-
         if not existed and config.out.is_dir() and not any(config.out.iterdir()):
             config.out.rmdir()
         raise
+
+
+def _check_recorded_snapshots(config: RunConfig) -> None:
+    """A resume needs the engines the run recorded: one whose store lost them would redo (and first delete) the
+    sessions that made them, against a new vanilla. With dispatch=workers only vanilla is the orchestrator's own;
+    the sessions' engines come back from their worker.json refs."""
+    from .resume import missing_snapshots
+    missing = missing_snapshots(config.out, config.store, outcomes_too=config.dispatch == "local")
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ValueError(f"the store {config.store} does not hold {len(missing)} snapshot(s) this run recorded "
+                         f"({shown}): a resume would redo those sessions and delete their results. Put the store "
+                         f"back at that path (move or mount it; in a clone: its <id>.json files from git, then "
+                         f"dvc pull), or start a new run")

@@ -57,6 +57,27 @@ def finished(session_dir: Path, store) -> SessionOutcome | None:
     return outcome
 
 
+def missing_snapshots(root: Path, store_root: Path, outcomes_too: bool = True) -> list[str]:
+    """The engines this run recorded that its store does not hold, as `what id` (vanilla first, then each recorded
+    session's): vanilla.json's snapshot and, with `outcomes_too`, every recorded session's engine. A session is
+    snapshotted before its outcome is written, so such a gap means the store was lost (moved, emptied, a mount
+    that is not up), not that the session was cut off; a resume would take those sessions for unfinished and
+    delete what they recorded. Nothing is made or written in the store."""
+    from ..store import SnapshotStore
+    wanted = []
+    if (vanilla := RunDir(Path(root)).recorded_vanilla()) is not None:
+        wanted.append(("vanilla", vanilla))
+    if outcomes_too:
+        from .display import run_label
+        wanted += [(run_label(o.chain, o.session), o.snapshot) for o in recorded_outcomes(root)]
+    if not wanted:
+        return []
+    # opened only where it holds something: opening makes the directory (and writes into it)
+    held = Path(store_root).is_dir() and any(Path(store_root).iterdir())
+    store = SnapshotStore(store_root, use_dvc=False) if held else ()
+    return [f"{what} {sid}" for what, sid in wanted if sid not in store]
+
+
 def still_valid(outcome: SessionOutcome, protocol: str, parent_snapshot: str, redone: set[str]) -> bool:
     """Whether a recorded session still follows from the resumed run's state: the same parent, and (chain: this
     chain; sync-chain: any chain, through the fan-ins) no earlier session redone. Branching sessions stand alone."""
