@@ -317,3 +317,37 @@ def test_a_get_waits_for_a_restore_in_flight_instead_of_copying_half_of_it(engin
         finish.set()
         first.join()
     assert _files(second) == _files(tmp_path / "first") == _files(engine)
+
+
+def test_a_store_held_by_another_process_is_a_store_error_after_the_timeout(engine, tmp_path):
+    """A process that holds the store's lock past the timeout (one stuck in a push, a stopped one): LockTimeout
+    came out of put, get and fetch, which the gate and the benchmarks do not catch as the store's refusal."""
+    store = SnapshotStore(tmp_path / "store", lock_timeout_s=0.2)
+    sid = store.put(engine)
+    with FileLock(store.root / ".lock"):
+        for call in (lambda: store.put(engine), lambda: store.get(sid, tmp_path / "restored"),
+                     lambda: store.fetch(sid)):
+            with pytest.raises(StoreError, match="is locked by another process"):
+                call()
+    assert not (tmp_path / "restored").exists()
+    assert store.fetch(sid) == "present"
+
+
+@pytest.mark.skipif(dvc_command() is None, reason="DVC is not installed")
+def test_dvc_held_by_another_process_is_a_store_error_that_leaves_nothing_behind(engine, tmp_path):
+    """The same for the repository's DVC lock (DVC itself must not run twice at once in one repository)."""
+    from seis.store.dvc import LOCK_NAME
+    store = _dvc_store(tmp_path)
+    sid = store.put(engine)
+    shutil.rmtree(store.root / sid)
+    other = tmp_path / "other"
+    copy_tree(engine, other)
+    (other / "NOTES.md").write_text("other\n")
+    store = SnapshotStore(store.root, lock_timeout_s=0.2)
+    with FileLock(store.dvc.root / ".dvc" / "tmp" / LOCK_NAME):
+        with pytest.raises(StoreError, match=f"snapshot {sid}'s files could not be restored from the DVC cache"):
+            store.get(sid, tmp_path / "restored")
+        with pytest.raises(StoreError, match="could not be tracked with DVC"):
+            store.put(other)
+    assert not (store.root / sid).exists() and not (tmp_path / "restored").exists() and len(store.list()) == 1
+    assert _files(store.get(sid, tmp_path / "restored")) == _files(engine)

@@ -22,6 +22,8 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +41,7 @@ from ..workspace.tree import (
     tree_hash,
 )
 from .dvc import DvcError, DvcRepo, open_repo
-from .lock import FileLock
+from .lock import FileLock, LockTimeout
 
 class StoreError(RuntimeError):
     pass
@@ -174,8 +176,20 @@ class SnapshotStore:
             raise UnknownSnapshotError(f"no snapshot {sid!r} in {self.root} ({known} stored; see `list()`)")
         return sid
 
-    def _lock(self) -> FileLock:
-        return FileLock(self.root / ".lock", self.lock_timeout_s)
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        """The store's lock; held past lock_timeout_s by another process (stuck in a push, stopped), it is a
+        StoreError as every other refusal of the store, which callers catch, not the lock's own TimeoutError."""
+        lock = FileLock(self.root / ".lock", self.lock_timeout_s)
+        try:
+            lock.__enter__()
+        except LockTimeout:
+            raise StoreError(f"the store {self.root} is locked by another process (storing or restoring a "
+                             f"snapshot) for more than {self.lock_timeout_s:g} s") from None
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
 
     # ---- API -------------------------------------------------------------------------------------------------
     def put(self, engine_dir: str | Path, meta: dict | None = None) -> str:
@@ -332,7 +346,7 @@ class SnapshotStore:
             if self._remote():  # versions outlive this machine's cache: push to the default remote
                 pushing = True
                 self.dvc.push(dvc_file)
-        except DvcError as e:
+        except (DvcError, LockTimeout) as e:  # DVC failing, or another process holding DVC's lock too long
             # A snapshot missing from the remote would fail every host that restores it from there, so a failed
             # push is a failed put too (the caller undoes the add; the cache may keep the objects: harmless).
             hint = "" if "git-ignored" not in str(e) else (
@@ -394,7 +408,7 @@ class SnapshotStore:
                         raise
                     source = "remote"
                     self.dvc.pull(dvc_file)  # not in the local cache (another machine made it): fetch it
-            except DvcError as e:  # a store's refusal, as every other: callers catch StoreError, not DVC's words
+            except (DvcError, LockTimeout) as e:  # a store's refusal, as every other: callers catch StoreError
                 remove_tree(info.path)  # what a failed restore wrote must not look present later
                 lines = [line for line in str(e).splitlines() if line.strip()]
                 more = f" (and {len(lines) - 1} more lines)" if len(lines) > 1 else ""
