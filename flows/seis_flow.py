@@ -110,8 +110,11 @@ def seis(config: Annotated[Optional[RunConfig | dict], described(CONFIG_TEXT)] =
                        ", ".join(f"{k}={v!r}" for k, v in resolved.ignored.items()))
     logger.info("memory: %s", memory.describe() if memory else "checked by each worker before its session")
     ensure_gpu_limit()
-    run = RunDir.open(run_config.out) if resolved.resume else RunDir.create(run_config.out,
-                                                                           run_config.model_dump_json(indent=2))
+    try:
+        run = RunDir.open(run_config.out) if resolved.resume else RunDir.create(run_config.out,
+                                                                               run_config.model_dump_json(indent=2))
+    except ValueError as e:  # another run took the output dir since the checks above
+        return Failed(message=f"refused before any work: {e}")
     try:
         lock = run.lock().__enter__()
     except TimeoutError:

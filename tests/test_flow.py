@@ -341,3 +341,35 @@ def test_gate_defaults_to_full_on_cuda_and_quick_elsewhere(tmp_path):
     assert RunConfig(out=tmp_path / "b", device="cpu").gate == "quick"
     assert RunConfig(out=tmp_path / "c", device="cuda", gate="quick").gate == "quick"  # a choice is kept
     assert resolve_config(None, {"device": "cuda", "gate": None, "out": str(tmp_path / "d")}).config.gate == "full"
+
+
+def test_two_runs_started_at_once_in_one_output_dir_never_overwrite_each_others_config(harness, tmp_path,
+                                                                                       monkeypatch):
+    """Two runs given one output dir (two deployments' default runs/<time> in the same second, a start repeated in a
+    second terminal) both pass the check that it is empty; the second one to write config.json overwrote the first
+    one's, so the run that held the directory worked under another run's recorded config (and a resume of it
+    redid every session by that config). The second is refused, the first one's config.json stays."""
+    import flows.seis_flow as seis_flow
+    from seis.session.rundir import RunDir
+
+    out = tmp_path / "run"
+    mine = RunConfig(out=out, store=tmp_path / "store", model="tiny-qwen3", device="cpu", protocol="chain", chains=1,
+                     sessions=1)
+    other = mine.model_copy(update={"protocol": "branching", "sessions": 3})
+    held = []
+    real_limit = seis_flow.ensure_gpu_limit
+
+    def other_run_starts_meanwhile(*args, **kwargs):   # after this flow's checks, before it writes its config
+        run = RunDir.create(out, other.model_dump_json(indent=2))
+        held.append(run.lock().__enter__())
+        return real_limit(*args, **kwargs)
+    monkeypatch.setattr(seis_flow, "ensure_gpu_limit", other_run_starts_meanwhile)
+    try:
+        state = seis_flow.seis(mine, return_state=True)
+    finally:
+        for lock in held:
+            lock.__exit__(None, None, None)
+    assert RunConfig.model_validate_json((out / "config.json").read_text()) == other
+    assert state.is_failed() and state.message.startswith("refused before any work: "), state.message
+    assert f"{out} holds a run" in state.message
+    assert sorted(p.name for p in out.iterdir() if p.name != ".prefect") == [".run.lock", "config.json"]

@@ -30,8 +30,16 @@ class RunDir:
 
     @classmethod
     def create(cls, root: Path, config_json: str) -> "RunDir":
+        """A new run directory with its config. The config is written only if none is there: another run started in
+        the same directory can pass the check that it is empty at the same moment, and the one that wrote second
+        replaced the config of the one that then held the directory (ValueError; that run's config stays)."""
         root.mkdir(parents=True, exist_ok=True)
-        (root / "config.json").write_text(config_json + "\n")
+        try:
+            with (root / "config.json").open("x") as f:
+                f.write(config_json + "\n")
+        except FileExistsError:
+            raise ValueError(f"output dir {root} holds a run (another run started in it at the same time); choose "
+                             f"a new output dir") from None
         return cls(root)
 
     @classmethod
