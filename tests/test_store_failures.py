@@ -196,3 +196,28 @@ def test_git_metadata_in_a_tree_never_reaches_the_store(planted, tmp_path):
     assert kept.retained, kept.reasons
     stored = store.info(kept.snapshot).path
     assert not list(stored.rglob(".git")) and _dvc_clean(repo)
+
+
+@pytest.mark.parametrize("planted", [".lock", ".gitignore", "{sid}.json.part", "{sid}.dvc"])
+def test_a_link_planted_among_the_stores_own_files_is_refused_and_reaches_no_host_file(planted, tmp_path):
+    """A clone's commit can hold a symbolic link where the store keeps its own files: the lock (truncated when
+    taken), `.gitignore` (written, and appended to by DVC), a manifest's `.part` and a `.dvc` file (written by
+    name). The store refuses to act while one is there, and the file it points at stays as it was."""
+    from seis.workspace import tree_hash
+    host_file = tmp_path / "host" / "authorized_keys"
+    host_file.parent.mkdir()
+    host_file.write_text("precious\n")
+    root = tmp_path / "store"
+    store = SnapshotStore(root, use_dvc=False)
+    sid = tree_hash(ENGINE_TEMPLATE)[: store.id_len]
+    link = root / planted.format(sid=sid)
+    link.unlink(missing_ok=True)
+    link.symlink_to(host_file)
+    with pytest.raises(StoreError, match="symbolic links"):
+        store.put(ENGINE_TEMPLATE)
+    with pytest.raises(StoreError, match="symbolic links"):
+        SnapshotStore(root, use_dvc=False)
+    assert host_file.read_text() == "precious\n"
+    assert not (root / f"{sid}.json").exists()
+    link.unlink()
+    assert SnapshotStore(root, use_dvc=False).put(ENGINE_TEMPLATE) == sid  # usable again once it is gone

@@ -156,6 +156,7 @@ class SnapshotStore:
             raise ValueError("id_len must be between 8 and 64")
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self._refuse_links()
         ignore = self.root / ".gitignore"  # the store's own scratch files (DVC appends its entries here too)
         if not ignore.exists():
             ignore.write_text("/.lock\n/.tmp-*\n/*.json.part\n", encoding="utf-8")
@@ -176,10 +177,22 @@ class SnapshotStore:
             raise UnknownSnapshotError(f"no snapshot {sid!r} in {self.root} ({known} stored; see `list()`)")
         return sid
 
+    def _refuse_links(self) -> None:
+        """The store writes, truncates (its lock) and removes its own files by name, so a link among them (a clone's
+        commit can hold one: `.lock`, `.gitignore`, `<id>.json.part`, `<id>.dvc`) would carry those writes to a host
+        file; DVC appends to `.gitignore` by name too. A store holding one is refused until it is removed."""
+        with os.scandir(self.root) as entries:
+            links = sorted(e.name for e in entries if e.is_symlink())
+        if links:
+            shown = ", ".join(repr(n) for n in links[:5]) + (f" and {len(links) - 5} more" if len(links) > 5 else "")
+            raise StoreError(f"the store {self.root} holds symbolic links where it keeps its own files ({shown}); "
+                             f"a store holds none: remove them")
+
     @contextmanager
     def _lock(self) -> Iterator[None]:
         """The store's lock; held past lock_timeout_s by another process (stuck in a push, stopped), it is a
         StoreError as every other refusal of the store, which callers catch, not the lock's own TimeoutError."""
+        self._refuse_links()
         lock = FileLock(self.root / ".lock", self.lock_timeout_s)
         try:
             lock.__enter__()
