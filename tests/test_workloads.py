@@ -164,6 +164,17 @@ def test_cli_reports_missing_dir(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "GSM8K directory not found" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("target", ["file", "file/sub"])
+def test_cli_refuses_an_out_that_cannot_be_a_directory_in_one_line(tmp_path: Path, target: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--out naming a file (or a path under one) was a FileExistsError traceback; the file is left as it was."""
+    (tmp_path / "file").write_text("kept\n")
+    rc = cli_main(["prepare", "--out", str(tmp_path / target), "--gsm8k-dir", str(tmp_path / "nope")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"error: --out {tmp_path / target} ") and len(err.splitlines()) == 1, err
+    assert (tmp_path / "file").read_text() == "kept\n"
+
+
 def test_malformed_gsm8k_file_names_line(tmp_path: Path) -> None:
     good = json.dumps({"question": "q?", "answer": "so\n#### 3"})
     bad_cases = {

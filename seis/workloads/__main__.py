@@ -22,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     ver.add_argument("--dir", type=Path, default=DEFAULT_PREPARED_DIR, help="prepared directory")
     args = parser.parse_args(argv)
 
+    from seis.writable import unwritable
+    if args.command == "prepare" and (problem := unwritable(args.out, "--out")) is not None:
+        print(f"error: {problem}", file=sys.stderr)   # found now, not as a traceback after the work
+        return 2
+
     from seis.workloads.params import load_params
     from seis.workloads.prepare import prepare_all, verify_prepared
 
