@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("seis.models",)),
     ("workloads", ("seis.workloads",)),
     ("leaves", ("seis", "seis.host", "seis.tables", "seis.prompts", "seis.engine_import", "seis.stats",
-                "seis.writable", "seis.validation")),
+                "seis.writable", "seis.validation", "seis.files")),
 ]
 
 

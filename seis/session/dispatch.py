@@ -29,6 +29,7 @@ from .resume import load_outcome
 from .rundir import RunDir
 from .spec import SessionResult, SessionSpec
 from .worker_reply import DEVICE_ENV, REPLY_FILE, WORKER_ENV, SessionReply, WorkerInfo  # noqa: F401 (re-exported)
+from ..files import write_atomic
 
 STORE_ENV = "SEIS_STORE"            # a worker's own snapshot store (default: the run config's `store`)
 HEARTBEAT_FILE = "worker.alive"     # refreshed by a running session: its flow run id
@@ -151,10 +152,8 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while True:
-            part = self.path.with_name(self.path.name + ".part")
             try:
-                part.write_text(self.flow_run_id)
-                os.replace(part, self.path)
+                write_atomic(self.path, self.flow_run_id)
             except OSError:  # the session dir is being replaced (resume): the next beat writes again
                 pass
             if self._stop.wait(self.every_s):

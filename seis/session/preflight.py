@@ -116,8 +116,12 @@ def _check_recorded_snapshots(config: RunConfig) -> None:
     """A resume needs the engines the run recorded: one whose store lost them would redo (and first delete) the
     sessions that made them, against a new vanilla. With dispatch=workers only vanilla is the orchestrator's own;
     the sessions' engines come back from their worker.json refs."""
+    from ..store import StoreError
     from .resume import missing_snapshots
-    missing = missing_snapshots(config.out, config.store, outcomes_too=config.dispatch == "local")
+    try:
+        missing = missing_snapshots(config.out, config.store, outcomes_too=config.dispatch == "local")
+    except StoreError as e:  # a store that refuses to open (a link among its files): a refusal like the others
+        raise ValueError(str(e)) from None
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
         raise ValueError(f"the store {config.store} does not hold {len(missing)} snapshot(s) this run recorded "

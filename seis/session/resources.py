@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..workspace.tree import TreeError, remove_tree
+from ..files import write_atomic
 
 
 def _proc_start(pid: int) -> str | None:
@@ -99,9 +100,7 @@ class Registry:
 
 def _write(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    part.write_text(json.dumps(data) + "\n")
-    os.replace(part, path)
+    write_atomic(path, json.dumps(data) + "\n")
 
 
 # ---- the run's scratch directory ----------------------------------------------------------------------------------

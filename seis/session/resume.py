@@ -9,22 +9,20 @@ depends on was redone), so a resumed run is the run that would have happened.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ..workspace.tree import remove_tree
 from .rundir import OUTCOME_FILE, RunDir, run_root_of
 from .spec import SessionOutcome
 from .status import count_sessions_done
+from ..files import write_atomic
 
 
 def save_outcome(session_dir: Path, outcome: SessionOutcome) -> Path:
     """Record the outcome (atomically), then count it in the run's status.json (`sessions_done`, under the status
     lock: sessions finishing at once in parallel chains each count)."""
     path = session_dir / OUTCOME_FILE
-    part = path.with_suffix(".json.part")
-    part.write_text(json.dumps(outcome.to_dict(), indent=2, default=str) + "\n")
-    os.replace(part, path)
+    write_atomic(path, json.dumps(outcome.to_dict(), indent=2, default=str) + "\n")
     root = run_root_of(session_dir)
     if root is not None:
         count_sessions_done(root, RunDir(root).sessions_recorded)

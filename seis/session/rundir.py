@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import write_atomic
 from .status import RunStatus, read_status, write_status
 
 ATTEMPTS_FILE = "flow_runs.json"
@@ -61,7 +62,7 @@ class RunDir:
             return None
 
     def record_vanilla(self, snapshot: str) -> None:
-        (self.root / "vanilla.json").write_text(json.dumps({"snapshot": snapshot}) + "\n")
+        write_atomic(self.root / "vanilla.json", json.dumps({"snapshot": snapshot}) + "\n")
 
     # ---- status: a half-finished run says so ------------------------------------------------------------------
     def status(self) -> RunStatus | None:
@@ -82,9 +83,7 @@ class RunDir:
     def record_attempt(self, attempt: dict) -> None:
         """Append one attempt (written whole and atomically: only the flow holding the run's lock writes it)."""
         path = self.root / ATTEMPTS_FILE
-        part = path.with_name(path.name + ".part")
-        part.write_text(json.dumps([*self.attempts(), attempt], indent=2) + "\n")
-        part.replace(path)
+        write_atomic(path, json.dumps([*self.attempts(), attempt], indent=2) + "\n")
 
     def lock(self):
         """Held by the one flow working in this directory (released by the OS if its process dies)."""
@@ -131,7 +130,7 @@ class RunDir:
         return path
 
     def write_best(self, best: dict | None) -> None:
-        (self.root / "best.json").write_text(json.dumps(best, indent=2) + "\n")
+        write_atomic(self.root / "best.json", json.dumps(best, indent=2) + "\n")
 
 
 def run_root_of(session_dir: Path) -> Path | None:

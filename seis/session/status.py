@@ -28,6 +28,8 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel
 
+from ..files import write_atomic
+
 STATUS_FILE = "status.json"
 STATUS_LOCK = ".status.lock"
 State = Literal["running", "complete", "failed", "cancelled", "crashed"]
@@ -76,10 +78,7 @@ def _locked(root: Path):
 
 
 def _save(root: Path, status: RunStatus) -> RunStatus:
-    path = Path(root) / STATUS_FILE
-    part = path.with_name(f"{STATUS_FILE}.{os.getpid()}.part")
-    part.write_text(json.dumps(status.model_dump(), indent=2) + "\n")
-    os.replace(part, path)
+    write_atomic(Path(root) / STATUS_FILE, json.dumps(status.model_dump(), indent=2) + "\n")
     return status
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..files import write_atomic
+
 REPLY_FILE = "worker.json"
 WORKER_ENV = "SEIS_WORKER_NAME"     # a worker's name in the records (default: the host name)
 DEVICE_ENV = "CUDA_VISIBLE_DEVICES"  # the device a worker owns (its job variables or its environment)
@@ -42,10 +44,7 @@ class SessionReply(BaseModel):
 
     def save(self, session_dir: Path) -> Path:
         session_dir.mkdir(parents=True, exist_ok=True)
-        path, part = session_dir / REPLY_FILE, session_dir / (REPLY_FILE + ".part")
-        part.write_text(self.model_dump_json(indent=2) + "\n")
-        os.replace(part, path)
-        return path
+        return write_atomic(session_dir / REPLY_FILE, self.model_dump_json(indent=2) + "\n")
 
     @classmethod
     def load(cls, session_dir: Path) -> "SessionReply | None":
