@@ -14,6 +14,7 @@ import pytest
 
 from seis.benchmarks import kernel_profile, labelled_dirs, ladder
 from seis.engine_import import ENGINE_TEMPLATE
+from seis.workspace import tree_hash
 
 REPO = ENGINE_TEMPLATE.parent
 
@@ -24,7 +25,10 @@ def test_ladder_times_extra_engine_trees_under_their_labels(tmp_path):
     got = ladder.systems(["greedy-multistep-decode"], False, [], tmp_path / "work",
                          extra=labelled_dirs([f"from a run={tree}"]))
     assert list(got) == ["E0", "E0 + greedy-multistep-decode", "from a run"]
-    assert got["from a run"] == (tree, {})
+    copy, options = got["from a run"]   # measured from a copy taken before anything runs, named by its hash
+    assert options == {} and copy != tree and tree_hash(copy) == tree_hash(tree)
+    (tree / "engine" / "engine.py").write_text("edited while the ladder runs\n")
+    assert tree_hash(copy) != tree_hash(tree)
 
 
 @pytest.mark.slow
@@ -41,6 +45,7 @@ def test_a_ladder_run_reports_each_engines_counters_and_how_drafts_fared(tmp_pat
     stats = result["engines"][speculative]["stats"]
     assert stats["verify_steps"] > 0 and stats["generated_tokens"] == 4 * 48       # warm-up + 3 repetitions
     assert "verify_steps" not in result["engines"]["E0"]["stats"]
+    assert result["engines"]["E0"]["tree"] == tree_hash(ENGINE_TEMPLATE)  # each row names the tree it measured
     line = next(x for x in done.stdout.splitlines() if speculative in x)
     assert f"{stats['accepted_draft_tokens']}/{stats['draft_tokens']} tokens accepted" in line
 

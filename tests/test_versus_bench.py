@@ -39,6 +39,11 @@ def test_versus_times_every_system_on_the_same_prompts(tmp_path, monkeypatch):
         # a lossless transformation: greedy tokens equal to E0's (fp32 on CPU)
         assert systems["E0 + greedy-multistep-decode"]["min_prefix_equal_to_e0"] >= 1
     assert "ratios against E0" in versus.render(result)
+    from seis.engine_import import ENGINE_TEMPLATE
+    from seis.workspace import tree_hash
+    assert result["trees"]["E0"] == tree_hash(ENGINE_TEMPLATE)  # each row names the tree it measured
+    assert set(result["trees"]) == {"E0", "E0 + greedy-multistep-decode"}
+    assert f"E0 {tree_hash(ENGINE_TEMPLATE)[:12]}" in versus.render(result)
 
 
 def test_versus_refuses_a_missing_minisgl_when_asked_for(monkeypatch):
@@ -227,7 +232,7 @@ def test_every_system_of_a_run_has_a_label_of_its_own(tmp_path):
     from seis.benchmarks import labelled_dirs
     from seis.engine_import import ENGINE_TEMPLATE
     from seis.store import SnapshotStore
-    from seis.workspace import copy_tree
+    from seis.workspace import copy_tree, tree_hash
 
     with pytest.raises(SystemExit, match="--engine same: given twice"):
         labelled_dirs(["same=/a", "same=/b"])
@@ -243,5 +248,9 @@ def test_every_system_of_a_run_has_a_label_of_its_own(tmp_path):
             ([], {}, [sid, sid])]):
         with pytest.raises(SystemExit, match="taken|given twice"):
             versus.engine_trees(stacks, engines, snapshots, store, tmp_path / f"work-{i}")
-    trees = versus.engine_trees([], {"cand": ENGINE_TEMPLATE}, [sid], store, tmp_path / "work")
+    trees = versus.engine_trees([], {"cand": engine}, [sid], store, tmp_path / "work")
     assert list(trees) == ["E0", "cand", f"snapshot {sid}"]
+    # the --engine tree is measured from a copy taken now: a later edit of the directory changes nothing measured
+    assert trees["cand"] != engine and tree_hash(trees["cand"]) == tree_hash(engine)
+    (engine / "engine" / "model.py").write_text("raise SystemExit('edited during the run')\n")
+    assert tree_hash(trees["cand"]) != tree_hash(engine)

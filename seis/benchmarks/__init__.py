@@ -65,3 +65,15 @@ def labelled_dirs(values: list[str]) -> dict[str, Path]:
                              f"of its own")
         out[label] = Path(path)
     return out
+
+
+def copied_engine(label: str, path: Path, dest: Path) -> Path:
+    """A copy of --engine LABEL=DIR's tree at dest, taken before anything runs: a benchmark measures (and names by
+    its hash) this copy, however the directory changes meanwhile. A link or special file in it is one error line."""
+    from ..tables import printable
+    from ..workspace.tree import TreeError, copy_tree
+    try:
+        copy_tree(path, dest)
+    except (TreeError, OSError) as e:
+        raise SystemExit(f"--engine {label}={path}: {printable(str(e))}") from None
+    return dest

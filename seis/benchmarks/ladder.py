@@ -25,7 +25,7 @@ from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
 from ..stats import fmt_range, summarize
-from . import engine_failures_shown, json_out, labelled_dirs, token_outputs
+from . import copied_engine, engine_failures_shown, json_out, labelled_dirs, token_outputs
 from .provenance import source_commit
 
 
@@ -52,7 +52,7 @@ def systems(order: list[str], alone: bool, backends: list[str], work: Path, also
             raise SystemExit(f"--engine label {label!r} is taken")
         if not (Path(engine_dir) / "engine" / "engine.py").is_file():
             raise SystemExit(f"--engine {label}={engine_dir}: no engine/engine.py there")
-        out[label] = (Path(engine_dir), {})
+        out[label] = (copied_engine(label, Path(engine_dir), work / f"engine-{len(out)}"), {})
     return out
 
 
@@ -149,7 +149,8 @@ def _time_engines(args: argparse.Namespace, model_dir: Path, calls: list[list[li
                 cache_dir = shared if name == "E0" else private_cache(cache / f"engine-{i}", shared)
                 engines[name] = EngineProcess(d, model_dir, {**options, **opts}, timeout_s=900, cache_dir=cache_dir)
                 engines[name].start()
-                info[name] = {"build": engines[name].build(), "options": engines[name].options}
+                info[name] = {"build": engines[name].build(), "options": engines[name].options,
+                              "tree": tree_hash(d)}  # what this row measured
                 tokens[name], times[name] = [], []
                 run(name, calls[0])  # the first call warms the engine up (kernels compiled, memory grown)
                 print(f"built and warmed up {name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr,

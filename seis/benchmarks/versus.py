@@ -37,7 +37,7 @@ from pathlib import Path
 from .. import tables
 from ..stats import summarize
 from ..tables import printable
-from . import engine_failures_shown, json_out, labelled_dirs, token_outputs
+from . import copied_engine, engine_failures_shown, json_out, labelled_dirs, token_outputs
 
 VANILLA = "vanilla mini-sglang"
 
@@ -154,7 +154,8 @@ def engine_trees(stacks: list[tuple[str, list[str]]], engines: dict[str, Path], 
                  work: Path) -> dict[str, Path]:
     """label -> engine tree: E0, each library stack on E0, --engine trees and stored snapshots. Each label names
     one system of the run (a row, a key of the JSON): none may be taken twice, nor be vanilla mini-sglang's, whose
-    place in the run it would take (the baseline of every ratio)."""
+    place in the run it would take (the baseline of every ratio). An --engine tree is copied into `work` first, so
+    the run measures the tree it names in its JSON (`trees`), however the directory changes meanwhile."""
     from ..agents.offline.library import load_library
     from ..agents.offline.verify import build_candidate
     from ..engine_import import ENGINE_TEMPLATE
@@ -167,10 +168,10 @@ def engine_trees(stacks: list[tuple[str, list[str]]], engines: dict[str, Path], 
         if label in out or label == VANILLA:
             raise SystemExit(f"--stack {label}: label taken")
         out[label] = build_candidate(work / f"stack-{i}", [library[n] for n in stack])
-    for label, path in engines.items():
+    for i, (label, path) in enumerate(engines.items()):
         if label in out or label == VANILLA or not (path / "engine" / "__init__.py").is_file():
             raise SystemExit(f"--engine {label}={path}: label taken, or no engine package there")
-        out[label] = path
+        out[label] = copied_engine(label, path, work / f"engine-{i}")
     if snapshots:
         from ..store import SnapshotStore, StoreError
         if not store.is_dir():  # checked here: opening a store makes its folder
@@ -279,6 +280,8 @@ def summary(results: dict, baseline: str) -> dict:
 def render(result: dict) -> str:
     lines = [f"{result['device']}, {result['model']} ({result['weights']}), commit {result['commit']}, "
              f"median (min–max) of {result['reps']} repetitions; ratios against {result['baseline']}, same run:"]
+    if trees := result.get("trees"):
+        lines.append("engine trees: " + ", ".join(f"{label} {digest[:12]}" for label, digest in trees.items()))
     for workload in ("random", "gsm8k"):
         keys = [k for k in result["results"] if k.startswith(workload + "@")]
         if not keys:
@@ -360,6 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
     # engines write their caches under tmp; an engine's failure ends the run with its message made printable
     with scratch_dir("seis-versus-") as tmp, ExitStack() as held, engine_failures_shown():
         trees = engine_trees(stacks, labelled, args.snapshot, args.store, tmp)
+        hashes = {label: tree_hash(tree) for label, tree in trees.items()}  # what each row measured
         shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), tmp / "cache-E0"))
         # each candidate's cache is a copy of E0's as it stands before anything builds (E0 writes into its own)
         caches = {label: shared if label == "E0" else private_cache(tmp / f"cache-{i}", shared)
@@ -381,7 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
               "weights": _weights(args.model),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "commit": source_commit(), "reps": args.reps, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-              "baseline": baseline, "systems": list(systems), "results": summary(results, baseline),
+              "baseline": baseline, "systems": list(systems), "trees": hashes, "results": summary(results, baseline),
               "gsm8k_stop_ids": None if gsm8k_stop is None else list(gsm8k_stop),
               "engine_stats": stats}
     print(render(result))
