@@ -16,6 +16,7 @@ version, in the SEIS cache. A home that has a database (a resumed run's) keeps i
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 DATABASE = "prefect.db"      # the file `prefect server start` opens in $PREFECT_HOME
+HOME_LOCK = "server.lock"    # held by the process whose server uses the home: one server per database
 _PR_SET_PDEATHSIG = 1
 # settings that say which database a server opens (PREFECT_SERVER_DATABASE_*; PREFECT_API_DATABASE_* are aliases)
 _DATABASE_KEYS = ("CONNECTION_URL", "DRIVER", "HOST", "PORT", "USER", "PASSWORD", "NAME")
@@ -62,9 +64,18 @@ class LocalServer:
     url: str          # the API URL (…/api)
     proc: subprocess.Popen
     log: Path
+    home_lock: int = -1   # the descriptor holding HOME_LOCK: released once the server is gone (or this process is)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL what is left after grace_s."""
+        """SIGTERM to the server's process group, SIGKILL what is left after grace_s; then the home is free."""
+        try:
+            self._end(grace_s)
+        finally:
+            if self.home_lock >= 0:
+                os.close(self.home_lock)
+                self.home_lock = -1
+
+    def _end(self, grace_s: float) -> None:
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(self.proc.pid, sig)
@@ -98,8 +109,30 @@ def server_env(home: Path) -> dict[str, str]:
 
 def start_local_server(home: Path, startup_s: float = 120.0) -> LocalServer:
     """`prefect server start` on a free loopback port with PREFECT_HOME=home and its database in it; returns once
-    it answers."""
+    it answers. A home another process's server is using (`seis evolve --resume` of one run in two terminals) is a
+    ServerError at once: two servers on one SQLite database fail each other, and the second one's crash printed
+    its whole log tail."""
     home.mkdir(parents=True, exist_ok=True)
+    lock = _lock_home(home)
+    try:
+        return _start(home, startup_s, lock)
+    except BaseException:
+        os.close(lock)
+        raise
+
+
+def _lock_home(home: Path) -> int:
+    fd = os.open(home / HOME_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ServerError(f"{home} is in use by another process's Prefect server (another `seis evolve` on this run "
+                          f"directory); wait for it to end or stop it first") from None
+    return fd
+
+
+def _start(home: Path, startup_s: float, lock: int) -> LocalServer:
     log = home / "server.log"
     try:
         seed_database(home)
@@ -112,12 +145,12 @@ def start_local_server(home: Path, startup_s: float = 120.0) -> LocalServer:
         proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                                  "--port", str(port)], env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
-    server = LocalServer(f"http://127.0.0.1:{port}/api", proc, log)
+    server = LocalServer(f"http://127.0.0.1:{port}/api", proc, log, lock)
     deadline = time.monotonic() + startup_s
     while not _healthy(server.url):
         if proc.poll() is not None or time.monotonic() > deadline:
             why = f"exited with {proc.returncode}" if proc.poll() is not None else f"no answer in {startup_s:.0f} s"
-            server.stop()
+            server._end(10.0)   # the caller releases the home
             tail = log.read_text(errors="replace")[-2000:]
             raise ServerError(f"the local Prefect server ({server.url}) {why}; {log}:\n{tail}")
         time.sleep(0.25)

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from uuid import UUID
 
+import pytest
+
 import flows  # noqa: F401  (SEIS's Prefect settings, before the test server starts)
 from polling import until
 
@@ -129,6 +131,37 @@ def test_a_runs_own_server_opens_its_own_database_whatever_prefect_home_says(tmp
     env = local_server.server_env(started[0])
     assert env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] == f"sqlite+aiosqlite:///{run.resolve()}/.prefect/prefect.db"
     assert env["PREFECT_HOME"] == str(run / ".prefect") and "PREFECT_API_URL" not in env
+
+
+def test_a_home_whose_server_another_process_runs_is_refused_in_one_line_and_free_once_it_is_gone(tmp_path):
+    """`seis evolve --resume` of one run in two terminals: each started a server on the run's database, and the
+    second crashed with its whole log tail printed. Now the second is refused at once, starting nothing; once the
+    first process is gone (killed: the kernel releases its lock) the home is free again."""
+    from flows.local_server import HOME_LOCK, ServerError, start_local_server
+    home = tmp_path / "run" / ".prefect"
+    home.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(home / HOME_LOCK)!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("held", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ServerError) as refused:
+            start_local_server(home, startup_s=5)
+        assert len(str(refused.value).splitlines()) == 1 and "another `seis evolve`" in str(refused.value)
+        assert sorted(p.name for p in home.iterdir()) == [HOME_LOCK]   # no server, no database, no log
+    finally:
+        holder.kill()
+        holder.wait()
+    import fcntl
+    fd = os.open(home / HOME_LOCK, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # free again
+    finally:
+        os.close(fd)
 
 
 def test_a_new_home_gets_a_migrated_database_and_a_resumed_one_keeps_its_own(tmp_path):
