@@ -3,8 +3,10 @@ call; prefill included, engines interleaved per call.
 
 Each prompt is run by every engine back to back, the order rotating from prompt to prompt and repetition to
 repetition (A B C, B C A, C A B, ...), so drift of the machine (clocks, other load) within a pass hits all engines
-alike. The ratios are medians of per-request paired throughput ratios (same prompt, seconds apart), so one slow
-request or one slow pass moves them little. Times are taken in the gate process around each request: prefill +
+alike. The ratios are paired per repetition: each pass's tok/s over the other engine's in the same pass (the
+same prompts, their calls interleaved), median over repetitions, so one slow pass moves them little. A ratio is of
+total throughput, as tok/s is: a median of per-request ratios called an engine fast on most requests and very slow
+on a few faster than it was. Times are taken in the gate process around each request: prefill +
 decode + a JSON round trip well under a millisecond, the same for every engine.
 
 What keeps the numbers honest: every repetition times prompts no engine has seen before (SpeedWorkload), so a
@@ -29,8 +31,8 @@ from .workloads import PromptSet, SpeedWorkload
 METHOD = ("single request at a time (batched workloads: the pass's requests in one call), greedy, fresh dev prompts "
           "in every repetition; engines interleaved per call in rotating order, the others frozen and the GPU idle "
           "while one is timed; tok/s = generated tokens / summed call wall time of a pass; latency = median call "
-          "wall time of a pass; median (min-max) over repetitions; ratios = median over calls x repetitions of "
-          "paired per-call tok/s ratios")
+          "wall time of a pass; median (min-max) over repetitions; ratios = median over repetitions of the paired "
+          "per-pass tok/s ratios (same prompts, calls interleaved)")
 
 Timing = tuple[int, float]  # generated tokens, wall seconds of one request
 
@@ -74,10 +76,18 @@ def _stat(values: list[float]) -> SpeedStat:
     return SpeedStat(**summarize(values))
 
 
-def _paired_ratio(a: list[list[Timing]], b: list[list[Timing]]) -> float:
-    """Median over (repetition, request) of tok/s(a) / tok/s(b) for the same request."""
-    return statistics.median((ta[0] / ta[1]) / (tb[0] / tb[1]) for ra, rb in zip(a, b, strict=True)
-                             for ta, tb in zip(ra, rb, strict=True) if ta[0] and tb[0])
+def _pass_tok_per_s(p: list[Timing]) -> float:
+    """A pass's throughput: its generated tokens over its summed call wall time."""
+    return sum(t for t, _ in p) / sum(s for _, s in p)
+
+
+def _paired_ratio(a: list[list[Timing]], b: list[list[Timing]]) -> float | None:
+    """Median over repetitions of tok/s(a) / tok/s(b) in the same pass (same prompts, calls interleaved). Per pass,
+    not per request: the ratio must be what total throughput says, or an engine fast on most requests and very slow
+    on a few shows a speedup it does not have. An engine that produced no tokens in a pass has ratio 0 there; a pass
+    of the baseline without tokens has no ratio (None when no pass has one)."""
+    ratios = [_pass_tok_per_s(ra) / tb for ra, rb in zip(a, b, strict=True) if (tb := _pass_tok_per_s(rb)) > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 def measure_speed(engines: dict[str, EngineHandle], workloads: tuple[SpeedWorkload, ...], cfg: SpeedConfig,
@@ -151,7 +161,7 @@ def _rows(workload: str, names: list[str], passes: dict[str, list[list[Timing]]]
     rows = []
     for name in names:
         good = name in ok
-        tps = [sum(t for t, _ in p) / sum(s for _, s in p) for p in passes[name]] if good else []
+        tps = [_pass_tok_per_s(p) for p in passes[name]] if good else []
         lat = [statistics.median(s for _, s in p) * 1e3 for p in passes[name]] if good else []
         toks = [sum(t for t, _ in p) for p in passes[name]] if good else []
         rows.append(SpeedRow(
