@@ -351,3 +351,15 @@ def test_dvc_held_by_another_process_is_a_store_error_that_leaves_nothing_behind
             store.put(other)
     assert not (store.root / sid).exists() and not (tmp_path / "restored").exists() and len(store.list()) == 1
     assert _files(store.get(sid, tmp_path / "restored")) == _files(engine)
+
+
+def test_a_stored_copy_gone_bad_is_restored_from_dvc_once_and_get_succeeds(engine, tmp_path):
+    """A `dvc checkout` killed midway, or an edit, left the store's directory of a DVC-tracked snapshot different
+    from its manifest: every later get refused it ("store corrupted?") and fetch called it present. DVC still
+    holds the retained tree, so get restores the store's copy from it and hands out the right tree."""
+    store = _dvc_store(tmp_path)
+    sid = store.put(engine)
+    (store.root / sid / "engine" / "model.py").write_text("half written\n")
+    (store.root / sid / "NOTES.md").unlink()
+    out = store.get(sid, tmp_path / "out")
+    assert tree_hash(out) == tree_hash(engine) and tree_hash(store.root / sid) == tree_hash(engine)

@@ -269,20 +269,35 @@ class SnapshotStore:
         made = not dest.exists()
         dest.mkdir(parents=True, exist_ok=True)
         try:
-            try:  # as every copy of a tree: through descriptors, a link, FIFO or device refused, never followed
-                copied = copy_tree(info.path, dest)
-            except TreeError as e:
-                raise StoreError(f"snapshot {info.id} cannot be restored from {info.path}: {e}") from None
-            if sorted(copied) != sorted(f["path"] for f in manifest["files"]) or tree_hash(dest) != info.tree_hash:
-                raise StoreError(f"restored snapshot {info.id} in {dest} does not match its manifest (store "
-                                 f"corrupted?)")
-            for f in manifest["files"]:  # DVC keeps no mode: the manifest's, made safe
-                os.chmod(dest / f["path"], safe_mode(int(str(f["mode"]), 8), is_dir=False))
+            try:
+                self._copy_checked(info, manifest, dest)
+            except StoreError:
+                if not (info.dvc and self.dvc is not None):
+                    raise
+                # The store's copy went bad (a checkout killed midway, an edit) while DVC keeps the retained
+                # tree: restore it from there once, else no later get could ever succeed.
+                for p in list(dest.iterdir()):
+                    remove_tree(p)
+                with self._lock():
+                    remove_tree(info.path)
+                    self._ensure_present(info)
+                self._copy_checked(info, manifest, dest)
         except BaseException:  # no half-restored or altered tree left where a caller could still run it
             for p in [dest] if made else list(dest.iterdir()):
                 remove_tree(p)
             raise
         return dest
+
+    def _copy_checked(self, info: SnapshotInfo, manifest: dict, dest: Path) -> None:
+        try:  # as every copy of a tree: through descriptors, a link, FIFO or device refused, never followed
+            copied = copy_tree(info.path, dest)
+        except TreeError as e:
+            raise StoreError(f"snapshot {info.id} cannot be restored from {info.path}: {e}") from None
+        if sorted(copied) != sorted(f["path"] for f in manifest["files"]) or tree_hash(dest) != info.tree_hash:
+            raise StoreError(f"restored snapshot {info.id} in {dest} does not match its manifest (store "
+                             f"corrupted?)")
+        for f in manifest["files"]:  # DVC keeps no mode: the manifest's, made safe
+            os.chmod(dest / f["path"], safe_mode(int(str(f["mode"]), 8), is_dir=False))
 
     def export_ref(self, snapshot_id: str) -> SnapshotRef:
         """The snapshot's metadata for another store (its files must be in the DVC remote for that store to
