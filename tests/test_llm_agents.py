@@ -5,6 +5,7 @@ CPU only, no network beyond 127.0.0.1, a few seconds."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import unicodedata
@@ -308,6 +309,36 @@ def test_a_reply_without_tools_is_nudged_then_taken_as_the_report(tmp_path, env)
     assert result.status == "no_change" and "nothing to change" in result.report_markdown
     assert "without calling a tool" in api.requests[1].body["messages"][-1]["content"]
     assert "nudge" in [e["type"] for e in _transcript(tmp_path)]
+
+
+def _tool_result_sent(kind: str, body: dict) -> str:
+    last = body["messages"][-1] if kind == "anthropic" else [m for m in body["messages"] if m["role"] == "tool"][-1]
+    return last["content"][0]["content"] if kind == "anthropic" else last["content"]
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+def test_strings_no_utf8_writer_takes_neither_end_the_session_nor_reach_its_records(tmp_path, env, kind):
+    """A file name that is not UTF-8 (os.listdir gives its bytes as lone surrogates) in a tool result, and half of
+    a surrogate pair in a model's reply (JSON "\\ud83d": a cut emoji), are strings that cannot be encoded as UTF-8.
+    Either one ended the session as an 'API error' (writing the transcript line raised, then the SDK's next
+    request would have), and a report holding one would have stopped the run where report.md is written. They
+    go on as visible escapes instead."""
+    ws = _ws(tmp_path)
+    os.close(os.open(os.fsencode(ws.root / "engine") + b"/bad\xffname.py", os.O_CREAT | os.O_WRONLY))
+    script = [Reply("half a pair: \ud83d", (("list_files", {"path": "engine"}),)),
+              Reply(calls=(("finish", {"report": "done \udc00", "changes": ["x\ud800y"], "lessons": ["l\ud83d"]}),))]
+    with FakeAPI(kind, script) as api:
+        env(api)
+        result = _agent(kind).edit(ws, SessionContext("c0", 1))
+    assert len(api.requests) == 2 and "end=finish" in result.notes, result.notes
+    assert "engine/bad\\udcffname.py" in _tool_result_sent(kind, api.requests[1].body).splitlines()
+    result.report_markdown.encode("utf-8")
+    assert "done \\udc00" in result.report_markdown and "l\\ud83d" in result.report_markdown
+    events = _transcript(tmp_path)  # every line is UTF-8 JSON
+    assert [e["name"] for e in events if e["type"] == "tool"] == ["list_files", "finish"]
+    assert "half a pair: \\ud83d" in [e["text"] for e in events if e["type"] == "turn"]
+    # the name itself is still refused at the session's end, as every name that is not UTF-8 is
+    assert "not UTF-8" in result.notes and not (ws.root / "engine").joinpath(os.fsdecode(b"bad\xffname.py")).exists()
 
 
 # --- keys never written -----------------------------------------------------------------------------------------

@@ -30,9 +30,16 @@ def _result(requests: int, reps: int = 3) -> PostValResult:
                          flags=[], notes=[], items=[])
 
 
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _header(md: str) -> list[str]:
+    return _cells(next(line for line in md.splitlines() if line.startswith("| workload")))
+
+
 def _row(md: str, engine: str) -> list[str]:
-    line = next(line for line in md.splitlines() if line.startswith(f"| fixed-16 | {engine} "))
-    return [c.strip() for c in line.strip("|").split("|")]
+    return next(c for c in map(_cells, md.splitlines()) if c[:2] == ["fixed-16", engine])
 
 
 def test_latency_rows_count_every_timing_they_summarize() -> None:
@@ -41,7 +48,7 @@ def test_latency_rows_count_every_timing_they_summarize() -> None:
     r = _result(requests=2)
     frame = latency_frame(r)
     assert list(frame["samples"]) == [6, 6]
-    header = [c.strip() for c in latency_markdown(r).splitlines()[4].strip("|").split("|")]
+    header = _header(latency_markdown(r))
     assert _row(latency_markdown(r), "vanilla")[header.index("timings")] == "6 (2 × 3 reps)"
 
 
@@ -50,7 +57,7 @@ def test_a_percentile_interval_needs_timings_beyond_it() -> None:
     timings on (25-75 % from 4), and left empty in the parquet below that."""
     few, many = _result(requests=2), _result(requests=4)          # 6 and 12 timings
     md = latency_markdown(few)
-    header = [c.strip() for c in md.splitlines()[4].strip("|").split("|")]
+    header = _header(md)
     row = _row(md, "candidate")
     assert row[header.index("10–90 % s")] == "– (n < 10)"
     assert row[header.index("25–75 % s")] != "– (n < 4)"         # 6 timings are enough for quartiles

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..files import write_atomic
 from ..run_config import RunConfig
 from ..store import SnapshotRef
 from ..workspace import PeerMaterial, Report
@@ -29,7 +30,6 @@ from .resume import load_outcome
 from .rundir import RunDir
 from .spec import SessionResult, SessionSpec
 from .worker_reply import DEVICE_ENV, REPLY_FILE, WORKER_ENV, SessionReply, WorkerInfo  # noqa: F401 (re-exported)
-from ..files import write_atomic
 
 STORE_ENV = "SEIS_STORE"            # a worker's own snapshot store (default: the run config's `store`)
 HEARTBEAT_FILE = "worker.alive"     # refreshed by a running session: its flow run id

@@ -18,8 +18,8 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..workspace.tree import TreeError, remove_tree
 from ..files import write_atomic
+from ..workspace.tree import TreeError, remove_tree
 
 
 def _proc_start(pid: int) -> str | None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..files import write_atomic
 from ..workspace.tree import remove_tree
 from .rundir import OUTCOME_FILE, RunDir, run_root_of
 from .spec import SessionOutcome
 from .status import count_sessions_done
-from ..files import write_atomic
 
 
 def save_outcome(session_dir: Path, outcome: SessionOutcome) -> Path:
