@@ -59,12 +59,13 @@ def test_a_percentile_interval_needs_timings_beyond_it() -> None:
     md = latency_markdown(few)
     header = _header(md)
     row = _row(md, "candidate")
-    assert row[header.index("10–90 % s")] == "– (n < 10)"
-    assert row[header.index("25–75 % s")] != "– (n < 4)"         # 6 timings are enough for quartiles
+    assert row[header.index("10–90 % s")] == "– (under 10 timings)"
+    assert row[header.index("25–75 % s")] != "– (under 4 timings)"         # 6 timings are enough for quartiles
+    assert row[header.index("10–90 %")] == "– (under 10 timings)"            # output lengths: the same timings
     assert latency_frame(few)[["latency_p10_s", "latency_p90_s"]].isna().all().all()
     assert latency_frame(few)["latency_p25_s"].notna().all()
     row = _row(latency_markdown(many), "candidate")
-    assert "n <" not in row[header.index("10–90 % s")]
+    assert "under" not in row[header.index("10–90 % s")]
     assert latency_frame(many)["latency_p90_s"].notna().all()
     tiny = _result(requests=1)                                     # 3 timings: no quartiles either
-    assert _row(latency_markdown(tiny), "candidate")[header.index("25–75 % s")] == "– (n < 4)"
+    assert _row(latency_markdown(tiny), "candidate")[header.index("25–75 % s")] == "– (under 4 timings)"

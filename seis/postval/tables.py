@@ -7,6 +7,7 @@ row's speed figure is not trustworthy.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -112,7 +113,20 @@ def workload_frame(result: PostValResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def min_samples(q: float) -> int:
+    """Timings a q-percentile (q in (0, 50]) needs to be more than an interpolation between the extremes: at least
+    one expected beyond it (n * q / 100 >= 1), so 4 for the 25-75 % interval and 10 for 10-90 %."""
+    return math.ceil(100 / q - 1e-9)
+
+
+def _tail(value: float, n: int, q: float) -> float | None:
+    """A percentile's value, or None where its n timings cannot tell it (min_samples)."""
+    return value if n >= min_samples(q) else None
+
+
 def latency_frame(result: PostValResult) -> pd.DataFrame:
+    """One row per single-request speed row and engine. The statistics are over every timed request of every
+    repetition (`samples`; `requests` is per repetition); a percentile too few timings cannot tell is left empty."""
     import pandas as pd
 
     rows = []
@@ -122,11 +136,13 @@ def latency_frame(result: PostValResult) -> pd.DataFrame:
         for m in (c.vanilla, c.candidate):
             lat, ol = m.latency, m.output_lengths
             rows.append({"workload": c.workload, "engine": m.engine, "requests": c.requests,
+                         "reps": len(m.tok_per_s.values), "samples": lat.n,
                          "latency_mean_s": lat.mean, "latency_median_s": lat.median,
-                         "latency_p25_s": lat.p25, "latency_p75_s": lat.p75,
-                         "latency_p10_s": lat.p10, "latency_p90_s": lat.p90,
-                         "out_tokens_mean": ol.mean, "out_tokens_median": ol.median, "out_tokens_p10": ol.p10,
-                         "out_tokens_p90": ol.p90, "out_tokens_min": ol.min, "out_tokens_max": ol.max,
+                         "latency_p25_s": _tail(lat.p25, lat.n, 25), "latency_p75_s": _tail(lat.p75, lat.n, 25),
+                         "latency_p10_s": _tail(lat.p10, lat.n, 10), "latency_p90_s": _tail(lat.p90, lat.n, 10),
+                         "out_tokens_mean": ol.mean, "out_tokens_median": ol.median,
+                         "out_tokens_p10": _tail(ol.p10, ol.n, 10), "out_tokens_p90": _tail(ol.p90, ol.n, 10),
+                         "out_tokens_min": ol.min, "out_tokens_max": ol.max,
                          "length_capped_frac": ol.capped_frac, "timed_flag": c.timed_flagged,
                          "accuracy_flag": result.accuracy_flagged})
     return pd.DataFrame(rows)
@@ -206,15 +222,23 @@ def workload_markdown(result: PostValResult) -> str:
     return "\n".join(out) + "\n"
 
 
+def _interval(lo: float | None, hi: float | None, q: float, digits: int) -> str:
+    """`lo–hi`, or why not: the interval's percentiles need min_samples(q) timings."""
+    if lo is None or hi is None or lo != lo or hi != hi:  # None or NaN (the frame's empty cell)
+        return f"– (under {min_samples(q)} timings)"
+    return f"{lo:.{digits}f}–{hi:.{digits}f}"
+
+
 def latency_markdown(result: PostValResult) -> str:
-    header = ["workload", "engine", "requests", "mean s", "median s", "25–75 % s", "10–90 % s", "new tokens mean",
+    header = ["workload", "engine", "timings", "mean s", "median s", "25–75 % s", "10–90 % s", "new tokens mean",
               "median", "10–90 %", "min–max", "hit max %", "flag"]
     rows = []
     for _, r in latency_frame(result).iterrows():
-        rows.append([r.workload, r.engine, r.requests, f"{r.latency_mean_s:.3f}", f"{r.latency_median_s:.3f}",
-                     f"{r.latency_p25_s:.3f}–{r.latency_p75_s:.3f}", f"{r.latency_p10_s:.3f}–{r.latency_p90_s:.3f}",
+        rows.append([r.workload, r.engine, f"{r.samples} ({r.requests} × {r.reps} reps)", f"{r.latency_mean_s:.3f}",
+                     f"{r.latency_median_s:.3f}", _interval(r.latency_p25_s, r.latency_p75_s, 25, 3),
+                     _interval(r.latency_p10_s, r.latency_p90_s, 10, 3),
                      f"{r.out_tokens_mean:.1f}", f"{r.out_tokens_median:.0f}",
-                     f"{r.out_tokens_p10:.0f}–{r.out_tokens_p90:.0f}", f"{r.out_tokens_min}–{r.out_tokens_max}",
+                     _interval(r.out_tokens_p10, r.out_tokens_p90, 10, 0), f"{r.out_tokens_min}–{r.out_tokens_max}",
                      f"{100 * r.length_capped_frac:.0f}", f"{FLAG} not trustworthy" if r.timed_flag else ""])
     out = ["# Single-request latency (every timed request of every repetition) and output lengths", "",
            _status(result), "", tables.markdown(header, rows)]
