@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .conversation import ToolCall, Turn, Usage, usage_count
 from .settings import LLMSettings
+from .text import valid_unicode
 from .tools import TOOL_DEFINITIONS, ToolOutcome
 
 
@@ -55,7 +56,8 @@ class AnthropicConversation:
         extra = {} if timeout_s is None else {"timeout": timeout_s}  # per attempt; the agent bounds the total
         resp = self.client.messages.create(model=self.model, max_tokens=max_output_tokens, system=self.system,
                                            tools=self.tools, messages=self.messages, **extra)
-        content = [p for p in (_param(b) for b in resp.content) if p is not None]
+        # sent again with every later request, which the SDK encodes as UTF-8 (text.py)
+        content = valid_unicode([p for p in (_param(b) for b in resp.content) if p is not None])
         self.messages.append({"role": "assistant", "content": content or [{"type": "text", "text": "(empty)"}]})
         calls = tuple(ToolCall(b.id, b.name, b.input if isinstance(b.input, dict) else None,
                                None if isinstance(b.input, dict) else "arguments must be a JSON object")

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .text import valid_unicode
 from .tools import ToolOutcome
 
 
@@ -15,6 +16,10 @@ class ToolCall:
     name: str
     args: dict | None            # None when the model's arguments could not be parsed
     error: str | None = None     # why not
+
+    def __post_init__(self) -> None:  # the model's strings, as every later writer can take them (text.py)
+        for name in ("id", "name", "args", "error"):
+            object.__setattr__(self, name, valid_unicode(getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,10 @@ class Turn:
     usage: Usage | None         # None: the reply carried no usage (unknown, never counted as 0)
     stop_reason: str | None
     raw: dict = field(default_factory=dict)  # the response as JSON, for the transcript
+
+    def __post_init__(self) -> None:  # the model's strings, as every later writer can take them (text.py)
+        for name in ("text", "stop_reason", "raw"):
+            object.__setattr__(self, name, valid_unicode(getattr(self, name)))
 
     @property
     def tokens_in(self) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .conversation import ToolCall, Turn, Usage, usage_count
 from .settings import LLMSettings
+from .text import valid_unicode
 from .tools import TOOL_DEFINITIONS, ToolOutcome, parse_arguments
 
 
@@ -54,7 +55,7 @@ class OpenAIConversation:
         assistant: dict = {"role": "assistant", "content": msg.content}
         if wire_calls:
             assistant["tool_calls"] = wire_calls
-        self.messages.append(assistant)
+        self.messages.append(valid_unicode(assistant))  # sent again with every later request, as UTF-8 (text.py)
         return Turn(msg.content or "", tuple(calls), openai_usage(getattr(resp, "usage", None)),
                     choice.finish_reason, resp.model_dump(mode="json", exclude_none=True))
 

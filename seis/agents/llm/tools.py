@@ -34,6 +34,7 @@ from .confine import AgentSandbox
 from .paths import ToolError, confine, rel
 from .result import change_name
 from .shell import run_shell, truncate
+from .text import valid_unicode
 
 DevBenchmark = Callable[[Path], str]  # workspace root -> the rendered dev table (render_dev_benchmark text)
 MAX_READ_CHARS = 60_000               # what one read_file returns
@@ -178,8 +179,9 @@ class Toolbox:
     def call(self, name: str, args: Any) -> ToolOutcome:
         out = self._call(name, args)
         # Capped before anything else reads it: it goes into the conversation (sent again every turn), the
-        # transcript and the redactor. Then no key in it, in any form: the model reads it.
-        text = self.redact(truncate(out.text, MAX_RESULT_CHARS))
+        # transcript and the redactor. Then no key in it, in any form: the model reads it. A name from the tree
+        # that is not UTF-8 is escaped: no request or record could carry it (text.py).
+        text = self.redact(valid_unicode(truncate(out.text, MAX_RESULT_CHARS)))
         return out if text == out.text else ToolOutcome(text, out.is_error, out.finish)
 
     def _call(self, name: str, args: Any) -> ToolOutcome:

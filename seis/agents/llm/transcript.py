@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .redact import Redactor
+from .text import valid_unicode
 
 
 class Transcript:
@@ -23,7 +24,7 @@ class Transcript:
         if self.path is None:
             return
         event = {"t": round(time.monotonic() - self.t0, 3), "type": kind, **data}
-        line = json.dumps(self.redactor.value(_plain(event)), ensure_ascii=False, default=str)
+        line = json.dumps(valid_unicode(self.redactor.value(_plain(event))), ensure_ascii=False, default=str)
         with self.path.open("a", encoding="utf-8") as f:
             f.write(line + "\n")
 
