@@ -120,7 +120,7 @@ class SpeedRow(_Model):
     tokens_per_pass: float
     tok_per_s: SpeedStat | None     # None: the engine failed during the measurement
     latency_ms: SpeedStat | None    # per-call latency (median over the calls of a pass; a batch is one call)
-    vs_parent: float | None = None  # median of paired per-request tok/s ratios
+    vs_parent: float | None = None  # median over repetitions of paired per-pass tok/s ratios
     vs_vanilla: float | None = None
     error: str | None = None
 
