@@ -311,6 +311,30 @@ def test_a_reply_without_tools_is_nudged_then_taken_as_the_report(tmp_path, env)
     assert "nudge" in [e["type"] for e in _transcript(tmp_path)]
 
 
+@pytest.mark.parametrize("content", [[{"type": "text", "text": "Nothing"}, {"type": "text", "text": "to change."}],
+                                     42, {"text": "Nothing to change."}], ids=["parts", "number", "object"])
+def test_a_reply_whose_text_is_not_a_string_ends_the_session_cleanly(tmp_path, env, monkeypatch, content):
+    """The openai SDK builds its reply objects without checking types, so an OpenAI-compatible server's message
+    content reaches the agent as it came: a list of text parts (some servers answer so), a number, an object.
+    Taken as the report of a tool-less reply, it raised out of edit() (a list has no .strip()), which stopped
+    the run; text parts are the reply's text, anything else ends the session like any malformed reply."""
+    plain = FakeAPI._openai
+
+    def with_content(r, n):
+        body = plain(r, n)
+        body["choices"][0]["message"]["content"] = content
+        return body
+    monkeypatch.setattr(FakeAPI, "_openai", staticmethod(with_content))
+    with FakeAPI("openai", [Reply("a"), Reply("b")]) as api:
+        env(api)
+        result = _agent("openai").edit(_ws(tmp_path), SessionContext("c0", 1))
+    if isinstance(content, list):
+        assert result.status == "no_change" and "Nothing\nto change." in result.report_markdown
+        assert api.requests[1].body["messages"][2] == {"role": "assistant", "content": "Nothing\nto change."}
+    else:
+        assert result.status == "failed" and "API error" in result.notes and len(api.requests) == 1
+
+
 def _tool_result_sent(kind: str, body: dict) -> str:
     last = body["messages"][-1] if kind == "anthropic" else [m for m in body["messages"] if m["role"] == "tool"][-1]
     return last["content"][0]["content"] if kind == "anthropic" else last["content"]

@@ -59,7 +59,12 @@ class Turn:
     stop_reason: str | None
     raw: dict = field(default_factory=dict)  # the response as JSON, for the transcript
 
-    def __post_init__(self) -> None:  # the model's strings, as every later writer can take them (text.py)
+    def __post_init__(self) -> None:
+        # A backend's checks missed a malformed reply: it raises inside the API call, never where the loop takes
+        # the text for the report (after edit()'s last guard, which stopped the run).
+        if not isinstance(self.text, str):
+            raise TypeError(f"a reply's text must be a string, not {type(self.text).__name__}")
+        # the model's strings, as every later writer can take them (text.py)
         for name in ("text", "stop_reason", "raw"):
             object.__setattr__(self, name, valid_unicode(getattr(self, name)))
 

@@ -24,6 +24,17 @@ def openai_usage(u) -> Usage | None:
     return Usage(prompt - cached, completion, cached)
 
 
+def content_text(content) -> str:
+    """A reply message's text. The SDK builds its reply objects without checking types, so content is what the
+    server sent: a string, None, or (some OpenAI-compatible servers) a list of parts, whose text parts are joined.
+    Anything else raises here, inside the API call: the session ends like any malformed reply."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    raise TypeError(f"the reply's content is {type(content).__name__}, not text")
+
+
 class OpenAIConversation:
     def __init__(self, settings: LLMSettings, system: str, user: str, client=None):
         if client is None:
@@ -52,11 +63,13 @@ class OpenAIConversation:
             calls.append(ToolCall(tc.id, fn.name, args, error))
             wire_calls.append({"id": tc.id, "type": "function",
                                "function": {"name": fn.name, "arguments": fn.arguments or "{}"}})
-        assistant: dict = {"role": "assistant", "content": msg.content}
+        text = content_text(msg.content)
+        assistant: dict = {"role": "assistant",
+                           "content": msg.content if isinstance(msg.content, str) else text or None}
         if wire_calls:
             assistant["tool_calls"] = wire_calls
         self.messages.append(valid_unicode(assistant))  # sent again with every later request, as UTF-8 (text.py)
-        return Turn(msg.content or "", tuple(calls), openai_usage(getattr(resp, "usage", None)),
+        return Turn(text, tuple(calls), openai_usage(getattr(resp, "usage", None)),
                     choice.finish_reason, resp.model_dump(mode="json", exclude_none=True))
 
     def answer(self, results: list[tuple[ToolCall, ToolOutcome]], note: str | None = None) -> None:
