@@ -107,6 +107,26 @@ def test_adopts_what_a_peer_retained_at_a_sync(tmp_path):
     assert again.adopted == () and len(again.applied) == 1
 
 
+def test_a_sync_adopts_a_peers_dependent_changes_with_their_prerequisites(tmp_path):
+    """A peer retained triton-gemv, gate-up-silu-epilogue (which needs it) and batched-mlp-matmuls (which needs
+    that one). Adoption went once through the names in alphabetical order, where each dependent comes before what
+    it needs: only triton-gemv was taken, and the report said the other two could not be, their prerequisites
+    missing, which the same session had just adopted. Each is taken once what it needs is in."""
+    stack = ["triton-gemv", "gate-up-silu-epilogue", "batched-mlp-matmuls"]
+    assert [LIBRARY[n].prerequisites for n in stack] == [(), ("triton-gemv",), ("gate-up-silu-epilogue",)]
+    peer_dir = tmp_path / "peer"
+    copy_tree(ENGINE_TEMPLATE, peer_dir)
+    for name in stack:
+        assert apply_transformation(peer_dir, ENGINE_TEMPLATE, LIBRARY[name]).outcome == "applied"
+    peer = PeerMaterial("c1", peer_dir, (_report("c1", 1, applied=stack, verdict="retained"),))
+    ws = _ws(tmp_path, peers=[peer])
+    result = OfflineAgent().edit(ws, SessionContext("c0", 1, peers=(peer,)))
+    assert [(a.name, a.from_chain) for a in result.adopted] == [(n, "c1") for n in stack]
+    assert set(stack) <= present_in(ws.root, ENGINE_TEMPLATE, LIBRARY)
+    assert "prerequisites are missing" not in result.report_markdown
+    assert parse_session_block(result.report_markdown).changes() == tuple(stack)
+
+
 def test_three_way_merge_keeps_other_changes_and_reports_conflicts(tmp_path):
     t = LIBRARY["decode-pinned-metadata"]
     ws = _ws(tmp_path)

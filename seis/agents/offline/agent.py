@@ -3,7 +3,7 @@
 Policy, in order:
 1. read the lineage from the inherited reports; never retry what failed or was rejected in it;
 2. at a sync, adopt what peers retained (their reports' retained changes, and library transformations found in
-   their code), unless already in this engine or blocked;
+   their code), unless already in this engine or blocked, each once what it needs is in (adopted first);
 3. otherwise apply the next untried transformation, the library ranked by each entry's expected speedup (its
    meta's measured prior), what a fresh E0 can take rotated by the chain index (so chains explore different
    things first), until the budget's max_transformations apply or max_attempts are spent.
@@ -100,17 +100,25 @@ class OfflineAgent:
             blocked.add(name)
             return False
 
-        for name, chain in self._peer_retained(workspace, context) if context.is_sync else []:
-            if name in present:
-                continue
-            if name in blocked:
-                skipped_peer.append(f"`{name}` (from {chain}): failed or rejected earlier in this chain")
-                continue
-            if not ready(name):
-                skipped_peer.append(f"`{name}` (from {chain}): its prerequisites are missing or it is superseded")
-                continue
-            if attempt(name):
-                adopted.append(Adoption(name, chain))
+        pending = self._peer_retained(workspace, context) if context.is_sync else []
+        progress = True
+        while progress:  # again after an adoption: a peer's change that needs it (sorted before it) is ready now
+            progress, waiting = False, []
+            for name, chain in pending:
+                if name in present:
+                    continue
+                if name in blocked:
+                    skipped_peer.append(f"`{name}` (from {chain}): failed or rejected earlier in this chain")
+                    continue
+                if not ready(name):
+                    waiting.append((name, chain))
+                    continue
+                if attempt(name):
+                    adopted.append(Adoption(name, chain))
+                progress = progress or name in present  # adopted, or found in the engine already
+            pending = waiting
+        skipped_peer += [f"`{name}` (from {chain}): its prerequisites are missing or it is superseded"
+                         for name, chain in pending]
 
         budget = context.budget
         if not adopted:
