@@ -44,6 +44,19 @@ def test_overlapping_ranges_are_noise_whichever_way_the_medians_lean():
     assert slower_than_parent(None, "both") == []
 
 
+def test_a_parent_without_a_timing_leaves_the_candidate_held_to_vanilla():
+    """A parent that failed its timed requests (an earlier candidate can, on purpose, once it is a parent) left the
+    workload with no speed check at all: every child was retained, however slow."""
+    table = FASTER_ALONE_SLOWER_BATCHED
+    rows = [r.model_copy(update={"tok_per_s": None, "error": "timed out"}) if r.engine == "parent" else r
+            for r in table.rows]
+    lines = slower_than_parent(table.model_copy(update={"rows": rows}), "both")
+    assert len(lines) == 1 and lines[0].startswith("slower than vanilla (its parent was not timed) on "
+                                                   "dev-natural-batch32"), lines
+    no_parent = [r for r in table.rows if r.engine != "parent"]
+    assert len(slower_than_parent(table.model_copy(update={"rows": no_parent}), "both")) == 1
+
+
 def test_an_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="objective must be one of"):
         slower_than_parent(NOISE, "latency")

@@ -8,7 +8,8 @@ still not retained when it is slower than its parent beyond measured noise on a 
 
 "Beyond measured noise": the candidate's tok/s over the gate's repetitions (min–max) lies wholly below its parent's,
 measured in the same gate, interleaved (`progress.within_noise`, the rule the best-engine pick uses too).
-Overlapping ranges are noise, whichever way the medians lean.
+Overlapping ranges are noise, whichever way the medians lean. Where the parent has no timing on a workload, the
+candidate is held to vanilla's there.
 """
 from __future__ import annotations
 
@@ -35,11 +36,18 @@ def slower_than_parent(speed, objective: str = "both") -> list[str]:
     rows = {(r.workload, r.engine): r for r in speed.rows}
     out = []
     for name, b in batch.items():
-        cand, parent = rows.get((name, "candidate")), rows.get((name, "parent"))
-        if not _counts(b, objective) or cand is None or parent is None:
+        cand = rows.get((name, "candidate"))
+        if not _counts(b, objective) or cand is None or cand.tok_per_s is None:
             continue
-        c, p = cand.tok_per_s, parent.tok_per_s
-        if c is not None and p is not None and not within_noise(c, p) and c.median < p.median:
-            out.append(f"slower than its parent on {name} beyond the measured noise: {c.median:.1f} tok/s "
+        # A parent with no timing (it failed, or ran out of its time: an earlier candidate can do so on purpose as
+        # a parent) leaves vanilla to compare with, never no comparison at all.
+        parent, vanilla = rows.get((name, "parent")), rows.get((name, "vanilla"))
+        timed = parent is not None and parent.tok_per_s is not None
+        base, whom = (parent, "its parent") if timed else (vanilla, "vanilla (its parent was not timed)")
+        if base is None or base.tok_per_s is None:
+            continue
+        c, p = cand.tok_per_s, base.tok_per_s
+        if not within_noise(c, p) and c.median < p.median:
+            out.append(f"slower than {whom} on {name} beyond the measured noise: {c.median:.1f} tok/s "
                        f"({c.min:.1f}–{c.max:.1f}) against {p.median:.1f} ({p.min:.1f}–{p.max:.1f})")
     return out
