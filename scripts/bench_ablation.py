@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     if not torch.cuda.is_available():
         sys.exit("bench_ablation needs a CUDA device")
-    from seis.benchmarks.provenance import source_commit
+    from seis.provenance import source_commit
     from seis.benchmarks.versus import engine_trees, workloads
     from seis.models import resolve_model
     from seis.models.model_config import read_model_config

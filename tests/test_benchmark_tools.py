@@ -205,7 +205,7 @@ def test_the_attention_sweep_launches_its_own_tile_over_the_engines():
 
 
 def test_a_benchmark_names_its_commit_and_says_when_the_checkout_differed(tmp_path, monkeypatch):
-    from seis.benchmarks.provenance import source_commit
+    from seis.provenance import source_commit
 
     monkeypatch.delenv("SEIS_COMMIT", raising=False)
     assert source_commit(tmp_path) == "unknown"  # no repository
@@ -253,3 +253,31 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_anything_runs(benc
     with pytest.raises(SystemExit, match=f"--json {out}: "):
         module.main(["--json", str(out)])
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_figure_names_the_device_that_ran_it_and_its_weights(monkeypatch):
+    """A run with --device cpu on a CUDA host was labelled with the GPU's name."""
+    import torch
+
+    from seis.provenance import device_label, weights_label
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert device_label("cpu") == "cpu"
+    assert device_label("auto") == device_label("cuda:0") == "NVIDIA H200"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_label("auto") == "cpu"
+    assert (weights_label("qwen3-0.6b-random"), weights_label("smollm2-135m-instruct"),
+            weights_label("/some/hf/dir")) == ("random weights", "real weights", "local model")
+
+
+def test_the_ladders_speedups_are_paired_per_repetition():
+    """Each repetition's tok/s over E0's in the same repetition (they run interleaved): dividing by E0's median
+    made a repetition slow for every engine at once (a busy machine) count as the engine's own spread."""
+    from argparse import Namespace
+    args = Namespace(model="tiny-qwen3", prompt_len=8, new_tokens=4, batch=1, reps=3)
+    times = {"E0": [100.0, 50.0, 100.0], "E0 + x": [200.0, 100.0, 200.0]}
+    tokens = {"E0": [[1, 2]], "E0 + x": [[1, 2]]}
+    result = ladder._result(args, {"E0": {}, "E0 + x": {}}, tokens, times)
+    s = result["speedup_vs_e0"]["E0 + x"]
+    assert (s["min"], s["median"], s["max"]) == (2.0, 2.0, 2.0)
+    assert result["weights"] == "random weights"

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("store", ("seis.store",)),
     ("workspace", ("seis.workspace",)),
     ("sandbox", ("seis.sandbox",)),
-    ("models", ("seis.models",)),
+    ("models", ("seis.models", "seis.provenance")),   # provenance names a model's weights
     ("workloads", ("seis.workloads",)),
     ("leaves", ("seis", "seis.host", "seis.tables", "seis.prompts", "seis.engine_import", "seis.stats",
                 "seis.writable", "seis.validation", "seis.files")),

@@ -243,6 +243,11 @@ def test_e0_copy_against_vanilla_has_zero_delta_and_speedup_near_one(tiny_runs):
     ret = r.accuracy_of("retrieval")
     assert ret.items == 0 and ret.skipped == TINY["retrieval_items"]
     assert any("retrieval" in n and "skipped" in n for n in r.notes)
+    # every figure names what it was measured on: the device by name, the weights, the commit
+    from seis.postval.tables import speed_markdown
+    from seis.provenance import source_commit
+    assert (r.device_name, r.weights, r.commit) == ("cpu", "random weights", source_commit())
+    assert f"Measured on cpu, model {r.config.model} (random weights), commit {r.commit}." in speed_markdown(r)
     assert [(c.workload, c.mode) for c in r.speed] == [
         ("natural-16", "single"), ("natural-16", "batch"), ("fixed-16", "single"), ("fixed-16", "batch")]
     assert [c.workload for c in r.workloads] == ["dev-natural", "dev-fixed16", "heldout-p32-o64"]

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from .. import tables
+from ..provenance import device_label, source_commit, weights_label
 from ..stats import fmt_range, summarize
 from . import json_out
-from .provenance import source_commit
 
 
 def _sync():
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "engine_speed", "model": args.model, "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens, "reps": args.reps, "commit": source_commit(),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "weights": weights_label(args.model), "device": device_label(),
         "torch": torch.__version__,
         "tok_per_s": {name: summarize(v) for name, v in times.items()},
         "systems": {name: info for name, (_, info) in systems.items()},

@@ -22,8 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from .. import tables
+from ..provenance import source_commit
 from . import json_out
-from .provenance import source_commit
 
 
 def main(argv: list[str] | None = None) -> dict:

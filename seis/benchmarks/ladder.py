@@ -24,9 +24,9 @@ from ..agents.offline.library import load_library
 from ..agents.offline.merge import with_prerequisites
 from ..agents.offline.verify import build_candidate
 from ..engine_import import ENGINE_TEMPLATE
+from ..provenance import device_label, source_commit, weights_label
 from ..stats import fmt_range, summarize
 from . import copied_engine, engine_failures_shown, json_out, labelled_dirs, token_outputs
-from .provenance import source_commit
 
 
 def systems(order: list[str], alone: bool, backends: list[str], work: Path, also: list[list[str]] = (),
@@ -182,20 +182,18 @@ def _timed_call(engine, name: str, batch: list[list[int]], sampling, new_tokens:
 
 def _result(args: argparse.Namespace, info: dict[str, dict], tokens: dict[str, list[list[int]]],
             times: dict[str, list[float]]) -> dict:
-    """JSON-ready: tok/s and the speedup over E0's median per engine, and per request how many leading greedy
-    tokens equal E0's."""
-    import torch
-
+    """JSON-ready: tok/s and the speedup over E0 (paired per repetition) per engine, and per request how many
+    leading greedy tokens equal E0's."""
     ref = tokens["E0"]
     agreement = {n: [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(t, ref)]
                  for n, t in tokens.items()}
-    e0 = summarize(times["E0"])["median"]
     return {
         "benchmark": "ladder", "model": args.model, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "batch": args.batch, "reps": args.reps, "commit": source_commit(),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "batch": args.batch, "reps": args.reps, "commit": source_commit(), "weights": weights_label(args.model),
+        "device": device_label(),
         "tok_per_s": {n: summarize(v) for n, v in times.items()},
-        "speedup_vs_e0": {n: summarize([x / e0 for x in v]) for n, v in times.items()},
+        # paired: each repetition's tok/s over E0's in the same repetition (they run interleaved, rep by rep)
+        "speedup_vs_e0": {n: summarize([x / e for x, e in zip(v, times["E0"])]) for n, v in times.items()},
         "greedy_prefix_equal_to_e0": agreement,
         "engines": info,
     }

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 from .. import tables
+from ..provenance import source_commit
 from . import json_out
-from .provenance import source_commit
 from .ladder import _drafts
 
 ENTRY = "ngram-speculation"

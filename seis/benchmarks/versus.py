@@ -309,12 +309,6 @@ def _stops(result: dict) -> str:
     return f"{VANILLA}'s EOS ids ({', '.join(map(str, ids))}) for every system" if ids else "no EOS (none known)"
 
 
-def _weights(model: str) -> str:
-    from ..models.registry import REGISTRY
-    entry = REGISTRY.get(model)
-    return "random weights" if entry is not None and entry.kind == "random" else "real weights" if entry else "local model"
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-0.6b-random")
@@ -346,13 +340,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--minisgl on: the `minisgl` package (sgl-project/mini-sglang) is not importable here")
     with_vanilla = available and args.minisgl != "off"
 
-    import torch
-
     from ..engine_host.jit_cache import held_cache, private_cache
     from ..engine_import import ENGINE_TEMPLATE
     from ..models import resolve_model
     from ..workspace.tree import scratch_dir, tree_hash
-    from .provenance import source_commit
+    from ..provenance import device_label, source_commit, weights_label
 
     model_dir = Path(resolve_model(args.model))
     stacks = parse_stacks(args.stack, args.stack_label)
@@ -382,8 +374,7 @@ def main(argv: list[str] | None = None) -> dict:
                 s.close()
     baseline = VANILLA if with_vanilla else "E0"
     result = {"benchmark": "versus", "model": args.model,
-              "weights": _weights(args.model),
-              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "weights": weights_label(args.model), "device": device_label(args.device),
               "commit": source_commit(), "reps": args.reps, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
               "baseline": baseline, "systems": list(systems), "trees": hashes, "results": summary(results, baseline),
               "gsm8k_stop_ids": None if gsm8k_stop is None else list(gsm8k_stop),

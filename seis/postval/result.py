@@ -170,6 +170,9 @@ class PostValResult(_Model):
     vanilla_context_tokens: int = 0
     engines: dict[str, EngineInfo]
     device: str
+    device_name: str = ""   # the GPU's name, or "cpu": what a figure names as its device
+    commit: str = ""        # the checkout's commit ("+changes" where it differed: provenance.source_commit)
+    weights: str = ""       # "random weights", "real weights" or "local model"
     accuracy: list[AccuracySummary]
     retrieval_buckets: list[BucketAccuracy]
     speed: list[SpeedComparison]  # natural-length and fixed on GSM8K test prompts, single + batch

@@ -26,6 +26,7 @@ from typing import Any
 from ..engine_host.affinity import pinned_frozen
 from ..engine_host.attention import baseline_attention
 from ..engine_host.gpu_idle import GpuIdle
+from ..provenance import device_label, source_commit, weights_label
 from ..workspace.tree import scratch_dir
 from .accuracy import (
     Output,
@@ -275,6 +276,7 @@ def _assemble(plan: Plan, run: _Gathered) -> PostValResult:
     return PostValResult(
         config=c, model_dir=str(plan.model_dir), started_at=run.started.isoformat(timespec="seconds"),
         wall_s=time.perf_counter() - run.t0, context_tokens=context, engines=run.info, device=run.device,
+        device_name=device_label(run.device), commit=source_commit(), weights=weights_label(c.model),
         accuracy=run.accuracy, retrieval_buckets=run.buckets, speed=run.speed, workloads=run.workloads,
         bandwidth=run.bandwidth, energy_available=meter.available, energy_note=meter.note,
         flags=_flags(c, run.accuracy, run.speed + run.workloads, context, vanilla_context), notes=notes,

@@ -61,7 +61,15 @@ def timed_status(result: PostValResult) -> str:
 
 
 def _status(result: PostValResult) -> str:
-    return accuracy_status(result) + "\n" + timed_status(result)
+    return provenance_line(result) + accuracy_status(result) + "\n" + timed_status(result)
+
+
+def provenance_line(result: PostValResult) -> str:
+    """What the figures were measured on: the device by name, the model and its weights, the commit."""
+    if not result.device_name:  # a result written before these were recorded
+        return ""
+    return (f"Measured on {result.device_name}, model {result.config.model} ({result.weights}), commit "
+            f"{result.commit}.\n")
 
 
 # ---- DataFrames (parquet: plain numbers) ---------------------------------------------------------------------

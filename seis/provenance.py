@@ -5,7 +5,7 @@ import os
 import subprocess
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
+PROJECT = Path(__file__).resolve().parents[1]
 CODE = ("seis", "engine_template", "flows", "scripts", "pyproject.toml")  # what a benchmark runs (not its outputs)
 
 
@@ -29,3 +29,20 @@ def source_commit(repo: Path = PROJECT) -> str:
     if not commit:
         return "unknown"
     return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=all", "--", *CODE) else "")
+
+
+def weights_label(model: str) -> str:
+    """What a figure's weights are: "random weights" (speed real, text not), "real weights", or "local model"."""
+    from .models.registry import REGISTRY
+    entry = REGISTRY.get(model)
+    return "random weights" if entry is not None and entry.kind == "random" else "real weights" if entry else \
+        "local model"
+
+
+def device_label(device: str = "auto") -> str:
+    """The device a figure was measured on, by name: the GPU's for a CUDA device ("auto" on a CUDA host), "cpu"
+    otherwise; never the GPU of a host whose run used its CPU."""
+    import torch
+    if device == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return torch.cuda.get_device_name(torch.device(device) if device.startswith("cuda") else None)
