@@ -254,3 +254,20 @@ def test_every_system_of_a_run_has_a_label_of_its_own(tmp_path):
     assert trees["cand"] != engine and tree_hash(trees["cand"]) == tree_hash(engine)
     (engine / "engine" / "model.py").write_text("raise SystemExit('edited during the run')\n")
     assert tree_hash(trees["cand"]) != tree_hash(engine)
+
+
+def test_a_system_that_stops_elsewhere_than_the_baseline_is_shown_with_its_token_count():
+    """At natural length tok/s is over whatever tokens a system returned: one that runs past the EOS the baseline
+    stops on does more (cheaper, batched) decoding per second of the same work, and its cell now says so."""
+    base = versus.Measured(tok_per_s=[100.0, 100.0, 100.0], tokens=[[[1] * 50, [1] * 50]] * 3)
+    long = versus.Measured(tok_per_s=[150.0, 150.0, 150.0], tokens=[[[1] * 80, [1] * 80]] * 3)
+    same = versus.Measured(tok_per_s=[110.0, 110.0, 110.0], tokens=[[[1] * 51, [1] * 50]] * 3)
+    summary = versus.summary({("gsm8k", 2): {"E0": base, "runs on": long, "stops alike": same}}, "E0")
+    cells = summary["gsm8k@2"]
+    assert cells["runs on"]["tokens_vs_baseline"] == 1.6 and cells["stops alike"]["tokens_vs_baseline"] == 1.01
+    result = {"device": "cpu", "model": "m", "weights": "random weights", "commit": "c", "reps": 3, "prompt_len": 8,
+              "new_tokens": 80, "baseline": "E0", "systems": ["E0", "runs on", "stops alike"], "results": summary,
+              "gsm8k_stop_ids": [2]}
+    table = versus.render(result)
+    line = {row.split("|")[1].strip(): row for row in table.splitlines() if row.startswith("|")}
+    assert "(tokens +60 %)" in line["runs on"] and "tokens" not in line["stops alike"] and "tokens" not in line["E0"]

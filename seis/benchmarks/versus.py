@@ -257,20 +257,27 @@ def measure(systems: dict, calls: dict, new_tokens: int, reps: int) -> dict[tupl
     return results
 
 
+def _tokens(measured) -> int:
+    return sum(len(o) for rep in measured.tokens for o in rep)
+
+
 def _prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def summary(results: dict, baseline: str) -> dict:
-    """JSON-ready: per (workload, batch) and system, tok/s and the paired ratio to the baseline, and how far each
-    system's greedy tokens agree with E0's (the shortest common prefix over the requests)."""
+    """JSON-ready: per (workload, batch) and system, tok/s and the paired ratio to the baseline, the tokens it
+    generated (and their ratio to the baseline's: at natural length, a system that stops late makes more tokens per
+    second of the same work), and how far its greedy tokens agree with E0's (the shortest common prefix)."""
     out = {}
     for (workload, b), got in results.items():
         base, e0 = got[baseline], got["E0"]
+        base_tokens = _tokens(base)
         out[f"{workload}@{b}"] = {name: {
             "tok_per_s": summarize(m.tok_per_s),
             "vs_baseline": summarize([x / y for x, y in zip(m.tok_per_s, base.tok_per_s)]),
-            "generated_tokens": sum(len(o) for rep in m.tokens for o in rep),
+            "generated_tokens": _tokens(m),
+            "tokens_vs_baseline": round(_tokens(m) / base_tokens, 4) if base_tokens else None,
             "min_prefix_equal_to_e0": min(_prefix(x, y) for r1, r2 in zip(m.tokens, e0.tokens)
                                           for x, y in zip(r1, r2)),
         } for name, m in got.items()}
@@ -296,10 +303,22 @@ def render(result: dict) -> str:
             for k in keys:
                 r = result["results"][k][name]
                 t, v = r["tok_per_s"], r["vs_baseline"]
-                cells.append(f"{t['median']:,.0f} ({t['min']:,.0f}–{t['max']:,.0f}) {v['median']:.2f}x")
+                cells.append(f"{t['median']:,.0f} ({t['min']:,.0f}–{t['max']:,.0f}) {v['median']:.2f}x"
+                             + _length_note(r.get("tokens_vs_baseline")))
             rows.append([name, *cells])
         lines += ["", f"{workload}: {what}", tables.markdown(header, rows)]
     return "\n".join(lines)
+
+
+LENGTH_TOLERANCE = 0.05   # of generated tokens against the baseline's, before a cell says so
+
+
+def _length_note(ratio: float | None) -> str:
+    """A cell whose system generated more or fewer tokens than the baseline (at natural length: stopping elsewhere)
+    says by how much: its tok/s is then over different work."""
+    if ratio is None or abs(ratio - 1) <= LENGTH_TOLERANCE:
+        return ""
+    return f" (tokens {100 * (ratio - 1):+.0f} %)"
 
 
 def _stops(result: dict) -> str:
