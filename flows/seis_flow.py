@@ -38,6 +38,7 @@ from seis.session.display import rounded, run_label, run_tags, session_markdown,
 from seis.session.params import ParameterError, described, resolve_config, with_run_parameters
 from seis.session.preflight import preflight_run
 from seis.session.progress import best_record, pick_best_of_run, run_failure
+from seis.session.status import REFUSED
 from seis.session.protocol import gather_peers, pin_vanilla
 from seis.session.resources import scratch
 from seis.session.resume import clear, finished
@@ -104,7 +105,7 @@ def seis(config: Annotated[Optional[RunConfig | dict], described(CONFIG_TEXT)] =
             _check_workers_reachable(run_config)
         memory = preflight_run(run_config, resume=resolved.resume, resume_hint=RESUME_HINT)
     except (ParameterError, ValueError) as e:
-        return Failed(message=f"refused before any work: {e}")
+        return Failed(message=f"{REFUSED}: {e}")
     if resolved.ignored:
         logger.warning("resuming %s with its recorded config; ignored: %s", run_config.out,
                        ", ".join(f"{k}={v!r}" for k, v in resolved.ignored.items()))
@@ -114,7 +115,7 @@ def seis(config: Annotated[Optional[RunConfig | dict], described(CONFIG_TEXT)] =
         run = RunDir.open(run_config.out) if resolved.resume else RunDir.create(run_config.out,
                                                                                run_config.model_dump_json(indent=2))
     except ValueError as e:  # another run took the output dir since the checks above
-        return Failed(message=f"refused before any work: {e}")
+        return Failed(message=f"{REFUSED}: {e}")
     try:
         lock = run.lock().__enter__()
     except TimeoutError:

@@ -260,7 +260,7 @@ def evolve(
                    f"{printable(str(config.out))}")
         return
     if not state.is_completed():  # one line, not the tracebacks (those are in the task runs' logs)
-        _fail(f"{state.message or f'the run ended {state.name}'}{_after_failure(config.out)}", code=1)
+        _fail(f"{state.message or f'the run ended {state.name}'}{_after_failure(config.out, state.message)}", code=1)
     typer.echo(f"run directory: {printable(state.result())}")
 
 
@@ -270,11 +270,14 @@ def _completed(out: Path) -> bool:
     return recorded is not None and recorded.state == "complete"
 
 
-def _after_failure(out: Path) -> str:
+def _after_failure(out: Path, message: str | None = None) -> str:
     """What to do about a run that did not complete: resume it, unless every session is recorded or another flow
-    holds it (a resume is refused while that one works); never for a run status.json says is complete."""
+    holds it (a resume is refused while that one works); never for a run status.json says is complete, nor for one
+    refused before any work (what its directory holds is another run's, or nothing)."""
     from .session.rundir import RunDir
-    from .session.status import FINISHED_FAILED_NOTE, read_status
+    from .session.status import FINISHED_FAILED_NOTE, REFUSED, read_status
+    if (message or "").startswith(REFUSED):
+        return ""
     recorded = read_status(out)
     if recorded is not None and recorded.state == "complete":
         return " (status.json says the run is complete: nothing to resume)"

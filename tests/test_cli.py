@@ -233,6 +233,18 @@ def test_evolve_whose_cancellation_came_after_the_run_completed_follows_status_j
         assert out.exit_code == 1 and f"continue with: seis evolve --resume {config.out}" in out.stderr, out.output
 
 
+def test_a_run_refused_before_any_work_suggests_no_resume(tmp_path):
+    """Refused at its start (another run took the output dir meanwhile), a run has nothing to resume: the hint
+    pointed at the other run's directory."""
+    import seis.cli
+    from seis.session import RunDir
+    from seis.session.status import REFUSED
+    RunDir.create(tmp_path / "run", "{}")  # the other run's
+    message = f"{REFUSED}: output dir {tmp_path / 'run'} holds a run (another run started in it at the same time)"
+    assert seis.cli._after_failure(tmp_path / "run", message) == ""
+    assert "--resume" in seis.cli._after_failure(tmp_path / "run", "c0/s0: the gate failed")
+
+
 def test_post_validate_refuses_an_out_dir_that_holds_an_earlier_result(tmp_path, monkeypatch):
     """An earlier postval.json is kept: the run is refused before any engine starts, not overwritten at its end."""
     from typer.testing import CliRunner

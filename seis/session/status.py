@@ -35,6 +35,7 @@ STATUS_LOCK = ".status.lock"
 State = Literal["running", "complete", "failed", "cancelled", "crashed"]
 FINISHED_FAILED_NOTE = ("every session of this run is recorded, but none reached a verdict (see message); resuming "
                         "would end the same way: fix the cause and start a new run")
+REFUSED = "refused before any work"   # how a run refused at its start ends: nothing of it to resume
 UNFINISHED_NOTE = ("this run is not finished; continue it with `seis evolve --resume {root}` (in Prefect: the flow "
                    "parameter resume={root})")
 
