@@ -23,6 +23,7 @@ from seis.evaluator.checks import (
     stop_problems,
     support_problems,
     target_distribution,
+    sequence_fit,
     small_sample_slack,
     temperature_for,
     tolerated_tokens,
@@ -37,7 +38,7 @@ from seis.prompts import load_tokenizer
 
 import evaluator_helpers as H
 
-NEW_CHECKS = {"sampling.support", "sampling.tv", "stop_ids"}
+NEW_CHECKS = {"sampling.support", "sampling.tv", "sampling.sequence_support", "sampling.sequence", "stop_ids"}
 SPLITS = ("long_context", "late")
 
 
@@ -73,6 +74,22 @@ def eos_despite_ignore_eos(root: Path) -> Path:  # stops at an EOS even when tol
                 "        stop = frozenset(params.stop_token_ids) | frozenset(self.eos_token_ids)")
 
 
+def sample_first_token_only(root: Path) -> Path:  # the first token (prefill) sampled, every later one greedy
+    return edit(root, H.ENGINE_PY, "            if r.forced is None and not r.params.greedy:\n",
+                "            if r.forced is None and not r.params.greedy and not r.output:\n")
+
+
+def sampled_decode_skips_layers(root: Path) -> Path:
+    """Decode steps of sampled requests (no forced tokens, temperature > 0) run every other layer: a lossy fast path
+    where, the outputs being random anyway, no exact comparison could show it. Prefill is exact."""
+    edit(root, H.MODEL_PY, "        for layer in self.layers:\n",
+         "        for layer in (self.layers[::2] if batch.is_decode and getattr(self, '_sampled', False)\n"
+         "                      else self.layers):\n")
+    return edit(root, H.ENGINE_PY, '        self._counters["decode_steps"] += 1\n',
+                '        self._counters["decode_steps"] += 1\n'
+                '        self.model._sampled = all(r.forced is None and not r.params.greedy for r in running)\n')
+
+
 def rope_clamped_at_256(root: Path) -> Path:  # right on short prompts, wrong from position 256 on
     return edit(root, H.MODEL_PY, "        q, k = ops.rope(batch.positions, q, k, cos_sin)\n",
                 "        q, k = ops.rope(batch.positions.clamp(max=255), q, k, cos_sin)\n")
@@ -103,7 +120,11 @@ def test_e0_copy_passes_the_contract_checks(e0_gate: GateResult) -> None:
     # tiny-qwen3 has 512 positions: long prompts use what fits (>= 256), the late request passes position 256
     assert counts["long_context_prompts"] == 2 and counts["long_context_prompt_tokens"] == 512 - 64
     assert counts["late_forced_positions"] == 300 and counts["sampling_requests"] == 2 * 2 * 128
-    assert counts["stop_requests"] == 4
+    assert counts["stop_requests"] == 4 and counts["sampled_sequences"] == 2 * 2 * 8
+    seq = _check(e0_gate, "sampling.sequence")
+    # CPU fp32, same seeds: the copy samples the reference's very sequences
+    assert seq.value == pytest.approx(seq.extra["reference_deviation"], abs=1e-12)
+    assert seq.extra["tokens"] == 2 * 2 * 8 * H.TINY_CHECKS.max_new_tokens and seq.upper < 0.4
     stop = _check(e0_gate, "stop_ids")
     assert "4 ended exactly at the reference's stop position" in stop.detail
     tv = _check(e0_gate, "sampling.tv")
@@ -131,6 +152,9 @@ ONLY_POSITIONS = H.TINY_CHECKS.model_copy(update={"n_sampling_prompts": 0, "n_st
     pytest.param(ignore_stop_ids, ONLY_STOP, "stop_ids", id="ignore_stop_ids"),
     pytest.param(eos_despite_ignore_eos, ONLY_SAMPLING, "sampling.support", id="eos_despite_ignore_eos"),
     pytest.param(rope_clamped_at_256, ONLY_POSITIONS, "late.decode.kl", id="rope_clamped_at_256"),
+    pytest.param(sample_first_token_only, ONLY_SAMPLING, "sampling.sequence", id="sample_first_token_only"),
+    pytest.param(sampled_decode_skips_layers, ONLY_SAMPLING, "sampling.sequence",
+                 id="sampled_decode_skips_layers"),
 ])
 @pytest.mark.slow
 def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_dir: Path, tmp_path: Path) -> None:
@@ -149,11 +173,20 @@ def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_
         assert "did not end there" in failed.detail
     if breaker is eos_despite_ignore_eos:  # a sampled EOS ended one-token ignore_eos requests with "stop"
         assert "expected exactly 1 with finish 'length'" in failed.detail
+    if breaker in (sample_first_token_only, sampled_decode_skips_layers):
+        # one-token requests never reach a decode step: only the multi-token ones show it
+        assert not {"sampling.tv", "sampling.support"} & set(result.failed_checks)
+        assert abs(failed.value) > 1.5 * failed.upper
+        if breaker is sample_first_token_only:  # greedy tokens: likelier than samples, and always allowed
+            assert failed.value > 0 and "sampling.sequence_support" not in result.failed_checks
+        else:  # a lossy model: less likely than samples, some outside the top-k
+            assert failed.value < 0 and "sampling.sequence_support" in result.failed_checks
     if breaker is rope_clamped_at_256:
         assert {"late.verify.kl", "long_context.decode.kl", "long_context.verify.kl"} <= set(result.failed_checks)
         assert not [n for n in result.failed_checks if n.startswith(("dev.", "heldout."))]  # short prompts: fine
     # greedy numerics are untouched by the sampling and stop-id breakers
-    if breaker in (always_greedy, ignore_top_p, ignore_top_k, ignore_stop_ids):
+    if breaker in (always_greedy, ignore_top_p, ignore_top_k, ignore_stop_ids, sample_first_token_only,
+                   sampled_decode_skips_layers):
         assert not [n for n in result.failed_checks if n.endswith((".kl", ".top1", ".greedy_valid"))]
 
 
@@ -325,6 +358,28 @@ def test_empirical_tv_and_greedy_tv() -> None:
     assert sampling_tolerances(th, 0.1, 0.05, 0.02, 1.0) == {"sampling_tv": pytest.approx(0.21),
                                                              "sampling_margin": th.sampling_margin_cap}
     assert sampling_tolerances(th, 0.5, 0.5, 0.0, 0.0)["sampling_tv"] == th.tv_cap
+
+
+def test_sequence_fit_is_centred_for_exact_samples_and_not_for_greedy_or_other_models() -> None:
+    """log q(x) + H(q) has mean 0 under exact sampling: exact samples stay within a few standard errors, greedy
+    tokens sit far above, samples of a flatter distribution far below."""
+    rng = random.Random(7)
+    targets = []
+    for _ in range(400):
+        w = [math.exp(rng.gauss(0.0, 1.5)) for _ in range(20)]
+        targets.append({t: x / sum(w) for t, x in enumerate(w)})
+
+    def draw(q: dict[int, float]) -> int:
+        return rng.choices(list(q), weights=list(q.values()))[0]
+    exact = sequence_fit(targets, [draw(q) for q in targets])
+    assert exact.tokens == 400 and abs(exact.deviation) < 4 * exact.stderr and 0 < exact.stderr < 0.1
+    greedy = sequence_fit(targets, [max(q, key=q.get) for q in targets])
+    assert greedy.deviation > 10 * greedy.stderr
+    flat = sequence_fit(targets, [rng.randrange(20) for _ in targets])
+    assert flat.deviation < -10 * flat.stderr
+    outside = sequence_fit(targets[:2], [99, draw(targets[1])])  # outside the support: left to the support check
+    assert outside.tokens == 1
+    assert sequence_fit(targets[:1], [99]).tokens == 0 and math.isnan(sequence_fit([], []).deviation)
 
 
 def test_support_flags_tokens_outside_top_k_and_top_p() -> None:

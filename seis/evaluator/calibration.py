@@ -23,7 +23,8 @@ METHOD = ("reference vs reference: batched (the compared composition) vs one req
           "reference's own TV to the exact target on the same seeded requests; floor = tv_floor_factor * the "
           "analytic expected TV of n exact samples + tv_shift_factor * the TV between targets from the reference's "
           "batched and one-at-a-time log-probs; support noise scale from the larger of that log-prob difference and "
-          "sqrt(2 * the KL noise)")
+          "sqrt(2 * the KL noise); sampled sequences: a shift from the reference's own mean log q(x) + H(q) on "
+          "its own seeded multi-token samples")
 
 SPLIT_METRICS = ("kl", "top1", "ppl", "greedy")
 
@@ -91,4 +92,8 @@ def calibrate(noise: dict[str, float], th: GateThresholds, positions: int, reque
         noise["sampling_kl_logit_scale"] = math.sqrt(2 * noise["kl"]) if math.isfinite(noise["kl"]) else 0.0
         tol.update(sampling_tolerances(th, sampling["expected_tv"], sampling["ref_tv"], sampling["shift_tv"],
                                        max(sampling["logprob_noise"], noise["sampling_kl_logit_scale"])))
+        if "sequence_deviation" in sampling:  # sampling.sequence's shift (its z standard errors come on top)
+            dev = abs(sampling["sequence_deviation"])
+            tol["sampling_sequence"] = tolerance(th.sequence_shift_floor, th.sequence_shift_factor, dev,
+                                                 th.sequence_shift_cap)
     return Calibration(method=METHOD, noise=noise, tolerance=tol, positions=positions, requests=requests)

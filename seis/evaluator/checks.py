@@ -391,6 +391,37 @@ def support_problems(samples: Sequence[int | None], ids: Sequence[int], lps: Seq
     return problems, outside
 
 
+@dataclass(frozen=True)
+class SequenceFit:
+    """How likely a run of sampled tokens is under its exact targets, against what exact sampling gives.
+
+    At each sampled position the target q is known (the reference teacher-forced on the sampled prefix), and for a
+    token x drawn from q, log q(x) + H(q) has mean 0 and variance Var_q(log q). Their mean over positions,
+    `deviation`, is then ~0 within `stderr`: an engine that decodes greedily after the first token scores well
+    above 0 (its tokens are likelier than samples), one that samples from a lossy model well below."""
+
+    tokens: int           # positions judged (sampled token inside its target's support)
+    deviation: float      # mean of log q(x) + H(q), nats per token
+    stderr: float         # its standard deviation under exact sampling
+
+
+def sequence_fit(targets: Sequence[dict[int, float]], tokens: Sequence[int]) -> SequenceFit:
+    """Positions whose token lies outside its target are left out (the support check names them)."""
+    total = var = 0.0
+    n = 0
+    for q, x in zip(targets, tokens):
+        if x not in q:
+            continue
+        logs = {t: math.log(p) for t, p in q.items() if p > 0}
+        entropy = -sum(q[t] * lp for t, lp in logs.items())
+        total += logs[x] + entropy if x in logs else 0.0
+        var += sum(q[t] * lp * lp for t, lp in logs.items()) - entropy * entropy
+        n += 1
+    if n == 0:
+        return SequenceFit(0, math.nan, math.nan)
+    return SequenceFit(n, total / n, math.sqrt(max(var, 0.0)) / n)
+
+
 def small_sample_slack(rate: float, n: int) -> float:
     """Two binomial standard deviations of a disagreement rate measured on n positions: what a split with few
     positions adds to a per-position tolerance, so chance alone does not fail it."""

@@ -9,8 +9,9 @@ Splits: dev and heldout (GSM8K and token-id shapes) as always; long_context (pro
 the model's context allows) and late (one dev prompt generated and teacher-forced for late_tokens tokens, so
 decode positions past 256 are checked), each checked like the others but for the exact-output rate, which a
 handful of requests cannot measure (greedy_valid judges their greedy tokens), and with tolerances calibrated on
-their own requests. Beyond the splits: sampling semantics (sampling.support, sampling.tv) and stop_token_ids
-(stop_ids).
+their own requests. Beyond the splits: sampling semantics (sampling.support, sampling.tv on one-token requests;
+sampling.sequence_support, sampling.sequence on multi-token ones, whose later tokens come from decode steps) and
+stop_token_ids (stop_ids).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from .checks import (
     length_ratio,
     near_argmax,
     scoreable,
+    sequence_fit,
     small_sample_slack,
     stop_position,
     stop_problems,
@@ -98,6 +100,7 @@ class Runs:
     scores: dict[tuple[str, str], list[ScoreOut] | None] = field(default_factory=dict)  # (split, path)
     probes: list[GenerationOut] | None = None
     sampling: list[GenerationOut] | None = None
+    sequences: list[GenerationOut] | None = None
     stop: list[GenerationOut] | None = None
 
 
@@ -249,6 +252,78 @@ def _seed(nonce: str, group: int, k: int) -> int:
     """A sampled request's seed, from the gate's prompt nonce: seeds that were the same in every gate (1, 2, ...
     at the default config seed) let an engine sample properly for them alone."""
     return int(hashlib.sha256(f"{nonce}:seed:{group}:{k}".encode()).hexdigest()[:8], 16)
+
+
+def _sequence_requests(groups: list[SamplingGroup], sizes: CheckSizes, nonce: str
+                       ) -> tuple[list[list[int]], list[Sampling], list[int]]:
+    """n_sequences seeded multi-token requests per sampling group (its prompt and setting, seeds of their own), and
+    each one's group: every token after the first comes from a decode step, which one-token requests never reach."""
+    new = min(sizes.sequence_tokens, sizes.max_new_tokens)  # max_new_tokens: what the context leaves every prompt
+    prompts, sampling, owner = [], [], []
+    for i, g in enumerate(groups):
+        for k in range(sizes.n_sequences):
+            prompts.append(list(g.prompt))
+            sampling.append(Sampling(max_new_tokens=new, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
+                                     seed=_seed(nonce, i, sizes.n_samples + k), ignore_eos=True))
+            owner.append(i)
+    return prompts, sampling, owner
+
+
+def _scored_sequences(ref: EngineHandle, rp: "_ReferencePass", outs: list | None, vocab: int, max_seq_len: int
+                      ) -> tuple[list[tuple[SamplingGroup, list[int], ScoreOut]], list[str]]:
+    """(group, sampled tokens, the reference's top log-probs teacher-forced on them) per scoreable reply, and the
+    problems of the replies (missing, wrong length, unscoreable)."""
+    n = len(rp.sequence_prompts)
+    problems = answer_problems(n, outs, "generate (sampled sequences)")
+    if outs is None:
+        return [], problems
+    outs = _pick(outs, list(range(n)))
+    max_new = [sp.max_new_tokens for sp in rp.sequence_params]
+    problems += ["sampled sequence " + p for p in length_problems(
+        outs, max_new, [len(p) for p in rp.sequence_prompts], max_seq_len, exact=[True] * n)]
+    keep = [i for i, o in enumerate(outs)
+            if o is not None and scoreable(rp.sequence_prompts[i], o, max_new[i], vocab, max_seq_len)]
+    scores = ref.score([rp.sequence_prompts[i] for i in keep], [outs[i].token_ids for i in keep],
+                       top_k=SAMPLING_TOP) if keep else []
+    return [(rp.groups[rp.sequence_groups[i]], outs[i].token_ids, sc) for i, sc in zip(keep, scores or [])], problems
+
+
+def _fit(scored: list[tuple[SamplingGroup, list[int], ScoreOut]]):
+    """checks.sequence_fit over every sampled position, each against its exact target."""
+    targets, tokens = [], []
+    for g, ids, sc in scored:
+        for x, top_ids, top_lps in zip(ids, sc.top_ids, sc.top_logprobs):
+            targets.append(target_distribution(top_ids, top_lps, g.temperature, g.top_k, g.top_p))
+            tokens.append(x)
+    return sequence_fit(targets, tokens)
+
+
+def _sequence_checks(ref: EngineHandle, rp: "_ReferencePass", outs: list | None, cal: Calibration, z: float,
+                     vocab: int, max_seq_len: int) -> list[CheckResult]:
+    """sampling.sequence_support: every sampled token inside its position's allowed set (up to logit noise, as
+    sampling.support); sampling.sequence: their fit to the exact targets, within z standard errors plus the
+    calibrated shift (checks.sequence_fit)."""
+    scored, problems = _scored_sequences(ref, rp, outs, vocab, max_seq_len)
+    sigma = cal.tolerance["sampling_margin"]
+    for k, (g, ids, sc) in enumerate(scored):
+        for i, (x, top_ids, top_lps) in enumerate(zip(ids, sc.top_ids, sc.top_logprobs)):
+            problems += support_problems([x], top_ids, top_lps, g.temperature, g.top_k, g.top_p, sigma,
+                                         f"{g.label} sequence {k} token {i}")[0]
+    fit = _fit(scored)
+    tol = z * fit.stderr + cal.tolerance["sampling_sequence"]  # nan (the check fails) when nothing was scored
+    n_req = len(rp.sequence_prompts)
+    return [
+        CheckResult.rules("sampling.sequence_support", problems, n_req),
+        CheckResult.bounded(
+            "sampling.sequence", fit.deviation, lower=-tol, upper=tol,
+            detail=f"mean log q(x) + H(q) over {fit.tokens} sampled tokens of {n_req} seeded multi-token requests, "
+                   f"q the exact target at each position (0 for exact sampling, standard error {fit.stderr:.3f}; "
+                   f"above: likelier than samples, as greedy; below: from another distribution); tolerance "
+                   f"{z:g} standard errors + {cal.tolerance['sampling_sequence']:.3f} (reference's own "
+                   f"{cal.noise['sampling_sequence_deviation']:.3f})",
+            extra={"tokens": float(fit.tokens), "stderr": fit.stderr,
+                   "reference_deviation": cal.noise["sampling_sequence_deviation"]}),
+    ]
 
 
 def _sampling_requests(groups: list[SamplingGroup]) -> tuple[list[list[int]], list[Sampling]]:
@@ -408,7 +483,7 @@ def run_correctness(ref: EngineHandle, cand: EngineHandle, wl: GateWorkloads, co
     # The reference's own-noise runs and the candidate's runs need nothing from each other: run them at once
     # (two engine processes), which halves the wall time of this phase.
     with ThreadPoolExecutor(2) as pool:
-        cal_future = pool.submit(_calibration, ref, rp, th, eos_ids)
+        cal_future = pool.submit(_calibration, ref, rp, th, eos_ids, vocab, wl.budget.max_seq_len)
         cand_future = pool.submit(_candidate_runs, cand, wl, rp, th.top_k)
         cal, (c, c_dev_in_mixed) = cal_future.result(), cand_future.result()
     checks = _checks(ref, wl, config, rp, c, c_dev_in_mixed, cal, eos_ids, vocab)
@@ -432,6 +507,9 @@ class _ReferencePass:
     groups: list[SamplingGroup]
     sampling_prompts: list[list[int]]
     sampling_params: list[Sampling]
+    sequence_prompts: list[list[int]]
+    sequence_params: list[Sampling]
+    sequence_groups: list[int]    # each sequence request's index in `groups`
     stop: StopPlan
 
     @property
@@ -456,12 +534,14 @@ def _reference_pass(ref: EngineHandle, wl: GateWorkloads, config: GateConfig, eo
     r.probes = ref.generate(probe_prompts, probe_sampling) if probe_prompts else []
     groups = _sampling_plan(ref, wl.dev, sizes, wl.nonce, vocab)
     sampling_prompts, sampling_params = _sampling_requests(groups)
+    sequences = _sequence_requests(groups, sizes, wl.nonce)
     return _ReferencePass(sets, extra, mixed, r, _pick(r_mixed, mixed.dev_at), forced, probe_prompts,
-                          probe_sampling, groups, sampling_prompts, sampling_params,
+                          probe_sampling, groups, sampling_prompts, sampling_params, *sequences,
                           _stop_plan(sets, r, eos_ids, sizes.n_stop, vocab))
 
 
-def _calibration(ref: EngineHandle, rp: _ReferencePass, th: GateThresholds, eos_ids: list[int]) -> Calibration:
+def _calibration(ref: EngineHandle, rp: _ReferencePass, th: GateThresholds, eos_ids: list[int], vocab: int,
+                 max_seq_len: int) -> Calibration:
     """The reference's own noise: the same requests in other batch compositions (one at a time, mixed), its
     sampling and stop-id requests; calibrates the tolerances. Raises ReferenceFailure if the reference itself
     breaks the stop_token_ids rules."""
@@ -488,6 +568,13 @@ def _calibration(ref: EngineHandle, rp: _ReferencePass, th: GateThresholds, eos_
         prompts = list(dict.fromkeys(g.prompt for g in rp.groups))
         alone = [o for p in prompts for o in ref.score([list(p)], [[0]], top_k=SAMPLING_TOP)]
         sampling = _sampling_noise(rp.groups, r.sampling, alone)
+    if rp.sequence_prompts:
+        # the reference's own sampled sequences, scored by itself: its deviation is the noise of sampling.sequence
+        r.sequences = ref.generate(rp.sequence_prompts, rp.sequence_params)
+        scored, own = _scored_sequences(ref, rp, r.sequences, vocab, max_seq_len)
+        if own:
+            raise ReferenceFailure(f"the reference's sampled sequences cannot be judged: {own[0]}")
+        sampling["sequence_deviation"] = _fit(scored).deviation
     if rp.stop.prompts:
         r.stop = ref.generate(rp.stop.prompts, rp.stop.sampling)
         own = _stop_violations(rp.stop, r.stop, eos_ids)
@@ -505,6 +592,7 @@ def _candidate_runs(cand: EngineHandle, wl: GateWorkloads, rp: _ReferencePass, t
     _run_scores(cand, c, rp.every, rp.forced, top_k)
     c.probes = cand.generate(rp.probe_prompts, rp.probe_sampling) if rp.probe_prompts else []
     c.sampling = cand.generate(rp.sampling_prompts, rp.sampling_params) if rp.groups else []
+    c.sequences = cand.generate(rp.sequence_prompts, rp.sequence_params) if rp.sequence_prompts else []
     c.stop = cand.generate(rp.stop.prompts, rp.stop.sampling) if rp.stop.prompts else []
     return c, _pick(c_mixed, rp.mixed.dev_at)
 
@@ -532,6 +620,8 @@ def _checks(ref: EngineHandle, wl: GateWorkloads, config: GateConfig, rp: _Refer
                                           r.gen[split], c.gen.get(split))))
     if rp.groups:
         checks += _sampling_checks(rp.groups, c.sampling, cal, max_seq_len)
+    if rp.sequence_prompts:
+        checks += _sequence_checks(ref, rp, c.sequences, cal, th.sequence_z, vocab, max_seq_len)
     elif sizes.n_sampling_prompts and len(wl.dev):
         why = f"the vocabulary ({vocab}) is too small for a top-{SAMPLING_TOP} target"
         checks += [CheckResult.skip("sampling.support", why), CheckResult.skip("sampling.tv", why)]
@@ -550,6 +640,8 @@ def _counts(wl: GateWorkloads, sizes: CheckSizes, rp: _ReferencePass) -> dict[st
         counts.update({f"{s}_prompt_tokens": max(map(len, rp.extra[s].prompts)) for s in rp.extra})
     if rp.groups:
         counts["sampling_requests"] = len(rp.sampling_prompts)
+    if rp.sequence_prompts:
+        counts["sampled_sequences"] = len(rp.sequence_prompts)
     if sizes.n_stop:
         counts["stop_requests"] = len(rp.stop.prompts)
     return counts

@@ -90,6 +90,16 @@ class GateThresholds(_Frozen):
     sampling_margin_floor: float = Field(0.05, ge=0)
     sampling_margin_factor: float = Field(2.0, ge=1)
     sampling_margin_cap: float = Field(0.25, ge=0)
+    # sampling.sequence: the one-token requests above never reach a decode step, so an engine could sample the
+    # first token exactly and every later one greedily, or from a lossy model. Seeded multi-token requests (the
+    # same settings) are teacher-forced through the reference: their tokens' mean of log q(x) + H(q) is 0 for exact
+    # sampling (checks.sequence_fit) and must stay within sequence_z standard errors plus a shift of min(cap,
+    # max(floor, factor * the reference's own mean on its own sampled sequences)); a token outside its position's
+    # allowed set fails it as sampling.support does.
+    sequence_z: float = Field(4.5, gt=0)
+    sequence_shift_floor: float = Field(0.05, ge=0)
+    sequence_shift_factor: float = Field(1.5, ge=1)
+    sequence_shift_cap: float = Field(0.25, gt=0)
 
 
 class CheckSizes(_Frozen):
@@ -112,6 +122,10 @@ class CheckSizes(_Frozen):
     sampling_top_k: int = Field(40, ge=2, le=63)   # < 64: the reference's top-64 makes the target exact
     sampling_top_p: float = Field(0.6, gt=0, lt=1)
     sampling_target_top: float = Field(0.3, gt=0, lt=1)
+    # ... and per (prompt, setting) n_sequences seeded requests of min(sequence_tokens, max_new_tokens) sampled
+    # tokens (ignore_eos), whose later tokens come from decode steps (sampling.sequence)
+    n_sequences: int = Field(8, ge=0)
+    sequence_tokens: int = Field(16, ge=2)
     # stop_token_ids: prompts whose reference greedy output gets one of its own tokens as a stop id
     n_stop: int = Field(4, ge=0)
     # Long contexts: n_long prompts of long_context_tokens (fewer where the model's context is shorter; skipped
