@@ -38,7 +38,8 @@ from seis.prompts import load_tokenizer
 
 import evaluator_helpers as H
 
-NEW_CHECKS = {"sampling.support", "sampling.tv", "sampling.sequence_support", "sampling.sequence", "stop_ids"}
+NEW_CHECKS = {"sampling.support", "sampling.tv", "sampling.sequence_support", "sampling.sequence", "sampling.seeded",
+              "stop_ids"}
 SPLITS = ("long_context", "late")
 
 
@@ -90,6 +91,27 @@ def sampled_decode_skips_layers(root: Path) -> Path:
                 '        self.model._sampled = all(r.forced is None and not r.params.greedy for r in running)\n')
 
 
+SEEDED_GENERATOR = ("            generator = torch.Generator(device=self.device)\n"
+                    "            generator.manual_seed(params.seed if params.seed is not None else "
+                    "self.options.seed + index)\n")
+
+
+def one_generator_per_engine(root: Path) -> Path:
+    """Every sampled request draws from one generator seeded at build (as a batched sampler with one random stream
+    does): exact distributions, but a request's tokens depend on what was sampled before it, not on its seed."""
+    return edit(root, H.ENGINE_PY, SEEDED_GENERATOR,
+                "            if not hasattr(self, '_shared_generator'):\n"
+                "                self._shared_generator = torch.Generator(device=self.device)\n"
+                "                self._shared_generator.manual_seed(self.options.seed)\n"
+                "            generator = self._shared_generator\n")
+
+
+def seeds_by_batch_position(root: Path) -> Path:  # the request's seed ignored: its position in the batch seeds it
+    return edit(root, H.ENGINE_PY, SEEDED_GENERATOR,
+                "            generator = torch.Generator(device=self.device)\n"
+                "            generator.manual_seed(self.options.seed + index)\n")
+
+
 def rope_clamped_at_256(root: Path) -> Path:  # right on short prompts, wrong from position 256 on
     return edit(root, H.MODEL_PY, "        q, k = ops.rope(batch.positions, q, k, cos_sin)\n",
                 "        q, k = ops.rope(batch.positions.clamp(max=255), q, k, cos_sin)\n")
@@ -125,6 +147,9 @@ def test_e0_copy_passes_the_contract_checks(e0_gate: GateResult) -> None:
     # CPU fp32, same seeds: the copy samples the reference's very sequences
     assert seq.value == pytest.approx(seq.extra["reference_deviation"], abs=1e-12)
     assert seq.extra["tokens"] == 2 * 2 * 8 * H.TINY_CHECKS.max_new_tokens and seq.upper < 0.4
+    seeded = _check(e0_gate, "sampling.seeded")
+    assert seeded.value == 1.0 and e0_gate.calibration.noise["sampling_seeded_mismatch"] == 0.0
+    assert e0_gate.calibration.tolerance["sampling_seeded"] == GateThresholds().seeded_floor
     stop = _check(e0_gate, "stop_ids")
     assert "4 ended exactly at the reference's stop position" in stop.detail
     tv = _check(e0_gate, "sampling.tv")
@@ -155,6 +180,8 @@ ONLY_POSITIONS = H.TINY_CHECKS.model_copy(update={"n_sampling_prompts": 0, "n_st
     pytest.param(sample_first_token_only, ONLY_SAMPLING, "sampling.sequence", id="sample_first_token_only"),
     pytest.param(sampled_decode_skips_layers, ONLY_SAMPLING, "sampling.sequence",
                  id="sampled_decode_skips_layers"),
+    pytest.param(one_generator_per_engine, ONLY_SAMPLING, "sampling.seeded", id="one_generator_per_engine"),
+    pytest.param(seeds_by_batch_position, ONLY_SAMPLING, "sampling.seeded", id="seeds_by_batch_position"),
 ])
 @pytest.mark.slow
 def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_dir: Path, tmp_path: Path) -> None:
@@ -181,12 +208,16 @@ def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_
             assert failed.value > 0 and "sampling.sequence_support" not in result.failed_checks
         else:  # a lossy model: less likely than samples, some outside the top-k
             assert failed.value < 0 and "sampling.sequence_support" in result.failed_checks
+    if breaker in (one_generator_per_engine, seeds_by_batch_position):
+        # right distributions, so only the seeds give it away: few requests repeat their tokens in another order
+        assert result.failed_checks == ["sampling.seeded"]
+        assert failed.value < 0.25
     if breaker is rope_clamped_at_256:
         assert {"late.verify.kl", "long_context.decode.kl", "long_context.verify.kl"} <= set(result.failed_checks)
         assert not [n for n in result.failed_checks if n.startswith(("dev.", "heldout."))]  # short prompts: fine
     # greedy numerics are untouched by the sampling and stop-id breakers
     if breaker in (always_greedy, ignore_top_p, ignore_top_k, ignore_stop_ids, sample_first_token_only,
-                   sampled_decode_skips_layers):
+                   sampled_decode_skips_layers, one_generator_per_engine, seeds_by_batch_position):
         assert not [n for n in result.failed_checks if n.endswith((".kl", ".top1", ".greedy_valid"))]
 
 

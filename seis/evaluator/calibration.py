@@ -24,7 +24,8 @@ METHOD = ("reference vs reference: batched (the compared composition) vs one req
           "analytic expected TV of n exact samples + tv_shift_factor * the TV between targets from the reference's "
           "batched and one-at-a-time log-probs; support noise scale from the larger of that log-prob difference and "
           "sqrt(2 * the KL noise); sampled sequences: a shift from the reference's own mean log q(x) + H(q) on "
-          "its own seeded multi-token samples")
+          "its own seeded multi-token samples; seeded: the reference's own mismatch between the same seeded requests "
+          "in two batch orders")
 
 SPLIT_METRICS = ("kl", "top1", "ppl", "greedy")
 
@@ -96,4 +97,7 @@ def calibrate(noise: dict[str, float], th: GateThresholds, positions: int, reque
             dev = abs(sampling["sequence_deviation"])
             tol["sampling_sequence"] = tolerance(th.sequence_shift_floor, th.sequence_shift_factor, dev,
                                                  th.sequence_shift_cap)
+        if "seeded_mismatch" in sampling:  # sampling.seeded: same seeds, another batch order
+            tol["sampling_seeded"] = tolerance(th.seeded_floor, th.seeded_factor, sampling["seeded_mismatch"],
+                                               th.seeded_cap)
     return Calibration(method=METHOD, noise=noise, tolerance=tol, positions=positions, requests=requests)

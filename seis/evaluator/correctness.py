@@ -10,8 +10,9 @@ the model's context allows) and late (one dev prompt generated and teacher-force
 decode positions past 256 are checked), each checked like the others but for the exact-output rate, which a
 handful of requests cannot measure (greedy_valid judges their greedy tokens), and with tolerances calibrated on
 their own requests. Beyond the splits: sampling semantics (sampling.support, sampling.tv on one-token requests;
-sampling.sequence_support, sampling.sequence on multi-token ones, whose later tokens come from decode steps) and
-stop_token_ids (stop_ids).
+sampling.sequence_support, sampling.sequence on multi-token ones, whose later tokens come from decode steps;
+sampling.seeded: the same seeded requests in another batch order give the same tokens) and stop_token_ids
+(stop_ids).
 """
 from __future__ import annotations
 
@@ -101,6 +102,7 @@ class Runs:
     probes: list[GenerationOut] | None = None
     sampling: list[GenerationOut] | None = None
     sequences: list[GenerationOut] | None = None
+    sequences_reversed: list[GenerationOut | None] | None = None  # the same requests asked in reverse order
     stop: list[GenerationOut] | None = None
 
 
@@ -324,6 +326,29 @@ def _sequence_checks(ref: EngineHandle, rp: "_ReferencePass", outs: list | None,
             extra={"tokens": float(fit.tokens), "stderr": fit.stderr,
                    "reference_deviation": cal.noise["sampling_sequence_deviation"]}),
     ]
+
+
+def _reversed_sequences(engine: EngineHandle, rp: "_ReferencePass") -> list[GenerationOut | None] | None:
+    """The sampled sequence requests again in reverse order (each at another batch position, beside other
+    requests), the replies put back in the plan's order."""
+    n = len(rp.sequence_prompts)
+    outs = engine.generate(rp.sequence_prompts[::-1], rp.sequence_params[::-1])
+    return None if outs is None else _pick(outs, list(range(n)))[::-1]
+
+
+def _seeded_agreement(first: list | None, again: list | None, n: int) -> float:
+    """The share of the n seeded requests whose two replies (plan order, reverse order) have the same tokens."""
+    pairs = zip(_pick(first, list(range(n))), _pick(again, list(range(n))))
+    return sum(a is not None and b is not None and a.token_ids == b.token_ids for a, b in pairs) / n if n else 1.0
+
+
+def _seeded_check(rp: "_ReferencePass", c: Runs, cal: Calibration) -> CheckResult:
+    n = len(rp.sequence_prompts)
+    rate = _seeded_agreement(c.sequences, c.sequences_reversed, n)
+    return CheckResult.bounded(
+        "sampling.seeded", rate, lower=1 - cal.tolerance["sampling_seeded"],
+        detail=f"{round(rate * n)} of {n} seeded sampled requests gave the same tokens in the batch and in the "
+               f"same batch reversed (reference: {1 - cal.noise['sampling_seeded_mismatch']:.3f})")
 
 
 def _sampling_requests(groups: list[SamplingGroup]) -> tuple[list[list[int]], list[Sampling]]:
@@ -575,6 +600,8 @@ def _calibration(ref: EngineHandle, rp: _ReferencePass, th: GateThresholds, eos_
         if own:
             raise ReferenceFailure(f"the reference's sampled sequences cannot be judged: {own[0]}")
         sampling["sequence_deviation"] = _fit(scored).deviation
+        n = len(rp.sequence_prompts)
+        sampling["seeded_mismatch"] = 1 - _seeded_agreement(r.sequences, _reversed_sequences(ref, rp), n)
     if rp.stop.prompts:
         r.stop = ref.generate(rp.stop.prompts, rp.stop.sampling)
         own = _stop_violations(rp.stop, r.stop, eos_ids)
@@ -593,6 +620,7 @@ def _candidate_runs(cand: EngineHandle, wl: GateWorkloads, rp: _ReferencePass, t
     c.probes = cand.generate(rp.probe_prompts, rp.probe_sampling) if rp.probe_prompts else []
     c.sampling = cand.generate(rp.sampling_prompts, rp.sampling_params) if rp.groups else []
     c.sequences = cand.generate(rp.sequence_prompts, rp.sequence_params) if rp.sequence_prompts else []
+    c.sequences_reversed = _reversed_sequences(cand, rp) if rp.sequence_prompts else []
     c.stop = cand.generate(rp.stop.prompts, rp.stop.sampling) if rp.stop.prompts else []
     return c, _pick(c_mixed, rp.mixed.dev_at)
 
@@ -622,6 +650,7 @@ def _checks(ref: EngineHandle, wl: GateWorkloads, config: GateConfig, rp: _Refer
         checks += _sampling_checks(rp.groups, c.sampling, cal, max_seq_len)
     if rp.sequence_prompts:
         checks += _sequence_checks(ref, rp, c.sequences, cal, th.sequence_z, vocab, max_seq_len)
+        checks.append(_seeded_check(rp, c, cal))
     elif sizes.n_sampling_prompts and len(wl.dev):
         why = f"the vocabulary ({vocab}) is too small for a top-{SAMPLING_TOP} target"
         checks += [CheckResult.skip("sampling.support", why), CheckResult.skip("sampling.tv", why)]

@@ -100,6 +100,13 @@ class GateThresholds(_Frozen):
     sequence_shift_floor: float = Field(0.05, ge=0)
     sequence_shift_factor: float = Field(1.5, ge=1)
     sequence_shift_cap: float = Field(0.25, gt=0)
+    # sampling.seeded: "a seeded request gives the same tokens whatever else is in the batch". The sampled sequences
+    # are asked again in reverse order (other batch positions, other neighbours); at most min(cap, max(floor,
+    # factor * the reference's own mismatch)) of them may differ. A sampler that ignores seeds (one generator for
+    # the batch, streams by batch position) matches almost none, as its samples still have the right distribution.
+    seeded_floor: float = Field(0.25, ge=0, le=1)
+    seeded_factor: float = Field(4.0, ge=1)
+    seeded_cap: float = Field(0.5, gt=0, le=1)
 
 
 class CheckSizes(_Frozen):
