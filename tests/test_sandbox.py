@@ -430,9 +430,14 @@ def test_a_sandbox_that_runs_while_frozen_is_told_when_it_is_thawed(wakes: bool)
     proc = box.start()
     try:
         assert proc.stdout.readline() == b"armed\n"
-        box.freeze()
-        time.sleep(0.5)
-        assert box.thaw() is wakes
+        told = []
+        for _ in range(3):  # on a loaded machine a timer may miss one freeze; it cannot be told of a run every time
+            box.freeze()
+            time.sleep(0.5)
+            told.append(box.thaw())
+            if wakes and told[-1]:
+                break
+        assert any(told) if wakes else told == [False] * 3, told
     finally:
         box.kill()
 
