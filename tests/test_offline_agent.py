@@ -3,6 +3,7 @@ and every library transformation keeps E0's outputs (tiny-qwen3, CPU, engines in
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -406,3 +407,29 @@ def test_a_tree_the_merge_cannot_take_is_a_conflict_never_an_error(tmp_path):
     peer = PeerMaterial("c1", peer_dir, ())
     ws = _ws(tmp_path, "sync", peers=[peer])
     assert OfflineAgent().edit(ws, SessionContext("c0", 1, peers=(peer,))).status == "edited"
+
+
+def test_a_transformation_that_cannot_write_one_of_its_files_changes_none(tmp_path, monkeypatch):
+    """A write that fails midway (a full disk) left the files written before it in place: a tree holding half of an
+    entry, which neither the report nor is_present described."""
+    import builtins
+
+    ws = _ws(tmp_path, "ws")
+    before = tree_hash(ws.root)
+    t = LIBRARY["triton-gemv"]
+    assert len(merge_transformation(ws.root, ENGINE_TEMPLATE, t).files) > 1
+    written = []
+    real_fdopen = os.fdopen
+
+    def failing_fdopen(fd, *args, **kwargs):
+        written.append(fd)
+        if len(written) == 2:
+            os.close(fd)
+            raise OSError(28, "No space left on device")
+        return real_fdopen(fd, *args, **kwargs)
+    monkeypatch.setattr(os, "fdopen", failing_fdopen)
+    with pytest.raises(OSError, match="No space left"):
+        apply_transformation(ws.root, ENGINE_TEMPLATE, t)
+    monkeypatch.setattr(os, "fdopen", real_fdopen)
+    assert tree_hash(ws.root) == before
+    assert not [p for p in ws.root.rglob("*.part")]

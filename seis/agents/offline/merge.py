@@ -214,16 +214,31 @@ def _holds_additions(ours: bytes, base: bytes | None, theirs: bytes) -> bool:
 
 
 def apply_transformation(tree: str | Path, base_dir: str | Path, t: Transformation) -> MergeResult:
-    """Merge t into tree and write the result; all target files or none."""
+    """Merge t into tree and write the result: all target files or none (short of a failure between renames)."""
     result = merge_transformation(tree, base_dir, t)
-    if result.outcome == "applied":
+    if result.outcome != "applied":
+        return result
+    staged: list[tuple[str, Path]] = []
+    try:  # every file written beside its target first, then renamed over it: a failure midway changes nothing
         for rel, data in result.files.items():
             path = Path(tree) / rel
             path.parent.mkdir(parents=True, exist_ok=True)
-            # O_NOFOLLOW: a link put where the merge read a plain file is refused, not written through
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+            staged.append((part, path))
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            try:  # an existing file keeps its mode (an executable stays one)
+                st = os.lstat(path)
+                mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else 0o644
+            except FileNotFoundError:
+                mode = 0o644
+            os.chmod(part, mode)
+        for part, path in staged:  # a rename replaces a link put at the path since the merge, never writes through
+            os.replace(part, path)
+    except BaseException:
+        for part, _ in staged:
+            Path(part).unlink(missing_ok=True)
+        raise
     return result
 
 
