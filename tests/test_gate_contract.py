@@ -18,6 +18,7 @@ from seis.evaluator.checks import (
     empirical_tv,
     expected_tv,
     greedy_tv,
+    late_stop_positions,
     length_problems,
     stop_position,
     stop_problems,
@@ -66,6 +67,14 @@ def ignore_top_k(root: Path) -> Path:
 def ignore_stop_ids(root: Path) -> Path:
     return edit(root, H.ENGINE_PY, "        stop = frozenset(params.stop_token_ids) | (",
                 "        stop = frozenset() | (")
+
+
+def stop_ids_only_early(root: Path) -> Path:
+    """stop_token_ids honoured only in the first 16 output tokens (as an engine checking them in its first decode
+    chunk only would); EOS always. Stops at positions 2..8 end right, later ones are run past."""
+    return edit(root, "engine/request.py", "        elif token in self.stop_ids:\n",
+                "        elif token in self.stop_ids and (len(self.output) <= 16\n"
+                "                                         or token not in self.params.stop_token_ids):\n")
 
 
 def eos_despite_ignore_eos(root: Path) -> Path:  # stops at an EOS even when told to ignore it
@@ -142,7 +151,8 @@ def test_e0_copy_passes_the_contract_checks(e0_gate: GateResult) -> None:
     # tiny-qwen3 has 512 positions: long prompts use what fits (>= 256), the late request passes position 256
     assert counts["long_context_prompts"] == 2 and counts["long_context_prompt_tokens"] == 512 - 64
     assert counts["late_forced_positions"] == 300 and counts["sampling_requests"] == 2 * 2 * 128
-    assert counts["stop_requests"] == 4 and counts["sampled_sequences"] == 2 * 2 * 8
+    # 4 stops at positions 2..8, and 3 late ones in the late split's output (past 16, past 64, its last new token)
+    assert counts["stop_requests"] == 4 + 3 and counts["sampled_sequences"] == 2 * 2 * 8
     seq = _check(e0_gate, "sampling.sequence")
     # CPU fp32, same seeds: the copy samples the reference's very sequences
     assert seq.value == pytest.approx(seq.extra["reference_deviation"], abs=1e-12)
@@ -151,7 +161,8 @@ def test_e0_copy_passes_the_contract_checks(e0_gate: GateResult) -> None:
     assert seeded.value == 1.0 and e0_gate.calibration.noise["sampling_seeded_mismatch"] == 0.0
     assert e0_gate.calibration.tolerance["sampling_seeded"] == GateThresholds().seeded_floor
     stop = _check(e0_gate, "stop_ids")
-    assert "4 ended exactly at the reference's stop position" in stop.detail
+    assert "7 ended exactly at the reference's stop position" in stop.detail
+    assert stop.extra["late_requests"] == stop.extra["late_reached"] == 3 and "at output positions 16, 64, " in stop.detail
     tv = _check(e0_gate, "sampling.tv")
     # CPU fp32, same seeds: the copy samples exactly what the reference sampled
     assert tv.value == pytest.approx(tv.extra["reference_tv"], abs=1e-12)
@@ -166,7 +177,7 @@ def test_e0_copy_passes_the_contract_checks(e0_gate: GateResult) -> None:
 # Each breaker's gate runs only the new checks it is about (the others are independent and the E0 gate above runs
 # them all), which keeps these CPU gates short.
 ONLY_SAMPLING = H.TINY_CHECKS.model_copy(update={"n_stop": 0, "n_long": 0, "late_tokens": 0})
-ONLY_STOP = H.TINY_CHECKS.model_copy(update={"n_sampling_prompts": 0, "n_long": 0, "late_tokens": 0})
+ONLY_STOP = H.TINY_CHECKS.model_copy(update={"n_sampling_prompts": 0, "n_long": 0})  # the late split: late stops
 ONLY_POSITIONS = H.TINY_CHECKS.model_copy(update={"n_sampling_prompts": 0, "n_stop": 0})
 
 
@@ -175,6 +186,7 @@ ONLY_POSITIONS = H.TINY_CHECKS.model_copy(update={"n_sampling_prompts": 0, "n_st
     pytest.param(ignore_top_p, ONLY_SAMPLING, "sampling.support", id="ignore_top_p"),
     pytest.param(ignore_top_k, ONLY_SAMPLING, "sampling.support", id="ignore_top_k"),
     pytest.param(ignore_stop_ids, ONLY_STOP, "stop_ids", id="ignore_stop_ids"),
+    pytest.param(stop_ids_only_early, ONLY_STOP, "stop_ids", id="stop_ids_only_early"),
     pytest.param(eos_despite_ignore_eos, ONLY_SAMPLING, "sampling.support", id="eos_despite_ignore_eos"),
     pytest.param(rope_clamped_at_256, ONLY_POSITIONS, "late.decode.kl", id="rope_clamped_at_256"),
     pytest.param(sample_first_token_only, ONLY_SAMPLING, "sampling.sequence", id="sample_first_token_only"),
@@ -198,6 +210,10 @@ def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_
         assert "top_p=0." in failed.detail and "top_p=1:" not in failed.detail  # only the nucleus settings
     if breaker is ignore_stop_ids:
         assert "did not end there" in failed.detail
+    if breaker is stop_ids_only_early:
+        # every early stop ends right; the three late ones (positions 16, 64 and later) are run past
+        assert result.failed_checks == ["stop_ids"] and failed.value == 3
+        assert failed.detail.count("did not end there") == 3 and "at token 64 but" in failed.detail
     if breaker is eos_despite_ignore_eos:  # a sampled EOS ended one-token ignore_eos requests with "stop"
         assert "expected exactly 1 with finish 'length'" in failed.detail
     if breaker in (sample_first_token_only, sampled_decode_skips_layers):
@@ -216,7 +232,8 @@ def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_
         assert {"late.verify.kl", "long_context.decode.kl", "long_context.verify.kl"} <= set(result.failed_checks)
         assert not [n for n in result.failed_checks if n.startswith(("dev.", "heldout."))]  # short prompts: fine
     # greedy numerics are untouched by the sampling and stop-id breakers
-    if breaker in (always_greedy, ignore_top_p, ignore_top_k, ignore_stop_ids, sample_first_token_only,
+    if breaker in (always_greedy, ignore_top_p, ignore_top_k, ignore_stop_ids, stop_ids_only_early,
+                   sample_first_token_only,
                    sampled_decode_skips_layers, one_generator_per_engine, seeds_by_batch_position):
         assert not [n for n in result.failed_checks if n.endswith((".kl", ".top1", ".greedy_valid"))]
 
@@ -444,6 +461,11 @@ def test_stop_position_and_stop_rules() -> None:
     assert stop_position([5, 6, 0, 8, 9], eos) == 3         # never an EOS
     assert stop_position([5, 6, 7], eos) is None            # the stop token must not be the last one
     exp, stops, n = [[5, 6, 7]], [(7,)], [7]
+    # late stops: the first new token past each start, and the output's last new one (never EOS, never the last)
+    late = [1, 2, 3] * 10 + [40] + [1] * 40 + [71, 0, 72] + [2] * 30 + [99, 100]
+    assert late_stop_positions(late, eos) == [30, 71, 104]   # 72 (EOS 0) skipped, 105 is the last token
+    assert late_stop_positions(late, eos, starts=(16, 64, 80)) == [30, 71, 104]  # past 80 and the last: one
+    assert late_stop_positions([1, 2] * 50, eos) == []                            # nothing new past 16
 
     def gen(ids, finish):
         return [GenerationOut(token_ids=ids, finish_reason=finish)]

@@ -439,6 +439,24 @@ def stop_position(out: Sequence[int], eos_ids: Sequence[int], lo: int = 2, hi: i
     return None
 
 
+LATE_STOP_FROM = (16, 64)  # a late stop request at the first new token from each of these positions on, and the last
+
+
+def late_stop_positions(out: Sequence[int], eos_ids: Sequence[int],
+                        starts: Sequence[int] = LATE_STOP_FROM) -> list[int]:
+    """Stop positions late in one long output, for engines that honour stop ids only early (in a first decode
+    chunk, below some output length): for each start, the first j >= start whose token appears there for the
+    first time, is no EOS and is not the output's last token; and the last such j of the output. Sorted, without
+    repeats; empty when the output has none past min(starts)."""
+    eos, seen, found = set(eos_ids), set(), []
+    for j, t in enumerate(out[:-1]):
+        if t not in seen and t not in eos and j >= min(starts, default=0):
+            found.append(j)
+        seen.add(t)
+    picks = {next((j for j in found if j >= s), None) for s in starts} | ({found[-1]} if found else set())
+    return sorted(j for j in picks if j is not None)
+
+
 def stop_problems(outs: Sequence[GenerationOut | None] | None, expected: Sequence[Sequence[int]],
                   stop_ids: Sequence[Sequence[int]], ignore_eos: Sequence[bool], eos_ids: Sequence[int],
                   max_new: Sequence[int]) -> list[str]:

@@ -12,12 +12,13 @@ handful of requests cannot measure (greedy_valid judges their greedy tokens), an
 their own requests. Beyond the splits: sampling semantics (sampling.support, sampling.tv on one-token requests;
 sampling.sequence_support, sampling.sequence on multi-token ones, whose later tokens come from decode steps;
 sampling.seeded: the same seeded requests in another batch order give the same tokens) and stop_token_ids
-(stop_ids).
+(stop_ids: stops at output positions 2..8, and, from the late split's output, past 16, past 64 and near its end).
 """
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ from .checks import (
     forced_stats,
     greedy_agreement,
     greedy_tv,
+    late_stop_positions,
     length_problems,
     length_ratio,
     near_argmax,
@@ -446,30 +448,44 @@ class StopPlan:
     prompts: list[list[int]]
     sampling: list[Sampling]
     expected: list[list[int]]   # the reference's greedy tokens through the stop id
+    late: list[int] = field(default_factory=list)  # the stop positions of the late requests (the plan's last ones)
 
 
-def _stop_plan(sets: dict[str, PromptSet], runs: Runs, eos_ids: list[int], n: int, vocab: int) -> StopPlan:
+def _stop_request(plan: StopPlan, prompt: Sequence[int], ids: list[int], j: int, eos: set[int], vocab: int) -> None:
+    """One request whose stop id is the reference's greedy token at output position j (its first occurrence)."""
+    k = len(plan.prompts)
+    # alternate: ignore_eos (only the stop id may end it) / EOS on too, where no EOS comes first
+    ignore = k % 2 == 0 or any(t in eos for t in ids[: j + 1])
+    stops: tuple[int, ...] = (ids[j],)
+    if k % 4 >= 2:  # a second, unused stop id first: every id of the tuple counts
+        unused = next((t for t in range(vocab) if t not in set(ids) and t not in eos), None)
+        stops = (unused, ids[j]) if unused is not None else stops
+    plan.prompts.append(list(prompt))
+    plan.sampling.append(Sampling(max_new_tokens=min(j + 1 + STOP_SLACK, len(ids)), ignore_eos=ignore,
+                                  stop_token_ids=stops))
+    plan.expected.append(ids[: j + 1])
+
+
+def _stop_plan(sets: dict[str, PromptSet], runs: Runs, eos_ids: list[int], n: int, vocab: int,
+               late: PromptSet | None = None) -> StopPlan:
+    """Up to n requests stopping early (positions 2..8 of the dev/held-out outputs); then, where n > 0 and the
+    late split ran, a few stopping late in its long greedy output (late_stop_positions: past 16, past 64 and its
+    last new token), so an engine that honours stop ids only in its first tokens or decode chunk runs past them.
+    All share one batch, which runs as long as the latest stop (at most the late split's length)."""
     eos = set(eos_ids)
     plan = StopPlan([], [], [])
     for split, ps in sets.items():
         for prompt, out in zip(ps.prompts, runs.gen[split]):
             if len(plan.prompts) >= n:
-                return plan
-            ids = out.token_ids
-            j = stop_position(ids, eos_ids)
-            if j is None:
-                continue
-            k = len(plan.prompts)
-            # alternate: ignore_eos (only the stop id may end it) / EOS on too, where no EOS comes first
-            ignore = k % 2 == 0 or any(t in eos for t in ids[: j + 1])
-            stops: tuple[int, ...] = (ids[j],)
-            if k % 4 >= 2:  # a second, unused stop id first: every id of the tuple counts
-                unused = next((t for t in range(vocab) if t not in set(ids) and t not in eos), None)
-                stops = (unused, ids[j]) if unused is not None else stops
-            plan.prompts.append(list(prompt))
-            plan.sampling.append(Sampling(max_new_tokens=min(j + 1 + STOP_SLACK, len(ids)), ignore_eos=ignore,
-                                          stop_token_ids=stops))
-            plan.expected.append(ids[: j + 1])
+                break
+            j = stop_position(out.token_ids, eos_ids)
+            if j is not None:
+                _stop_request(plan, prompt, out.token_ids, j, eos, vocab)
+    if n and late is not None and len(late) and runs.gen.get("late"):
+        ids = runs.gen["late"][0].token_ids
+        for j in late_stop_positions(ids, eos_ids):
+            _stop_request(plan, late.prompts[0], ids, j, eos, vocab)
+            plan.late.append(j)
     return plan
 
 
@@ -483,14 +499,19 @@ def _stop_violations(plan: StopPlan, outs: list | None, eos_ids: list[int]) -> l
 
 def _stop_check(plan: StopPlan, outs: list | None, eos_ids: list[int]) -> CheckResult:
     if not plan.prompts:
-        return CheckResult.skip("stop_ids", "no reference output has a token first appearing at positions 2..8")
+        return CheckResult.skip("stop_ids", "no reference output has a token first appearing at positions 2..8 "
+                                            "(nor, where the late split runs, past position 16 of its output)")
     problems = _stop_violations(plan, outs, eos_ids)
     result = CheckResult.rules("stop_ids", problems, len(plan.prompts))
     if not problems:
-        exact = sum(o.token_ids == e and o.finish_reason == "stop" for o, e in zip(outs, plan.expected))
+        hits = [o.token_ids == e and o.finish_reason == "stop" for o, e in zip(outs, plan.expected)]
+        late = (f" ({len(plan.late)} stopping late, at output positions {', '.join(map(str, plan.late))}; "
+                f"{sum(hits[len(hits) - len(plan.late):])} of them reached)" if plan.late else "")
         result = result.model_copy(update={
-            "detail": f"{len(plan.prompts)} requests with stop_token_ids; {exact} ended exactly at the reference's "
-                      f"stop position with finish 'stop'"})
+            "detail": f"{len(plan.prompts)} requests with stop_token_ids{late}; {sum(hits)} ended exactly at the "
+                      f"reference's stop position with finish 'stop'",
+            "extra": {**result.extra, "late_requests": float(len(plan.late)),
+                      "late_reached": float(sum(hits[len(hits) - len(plan.late):]) if plan.late else 0)}})
     return result
 
 
@@ -562,7 +583,7 @@ def _reference_pass(ref: EngineHandle, wl: GateWorkloads, config: GateConfig, eo
     sequences = _sequence_requests(groups, sizes, wl.nonce)
     return _ReferencePass(sets, extra, mixed, r, _pick(r_mixed, mixed.dev_at), forced, probe_prompts,
                           probe_sampling, groups, sampling_prompts, sampling_params, *sequences,
-                          _stop_plan(sets, r, eos_ids, sizes.n_stop, vocab))
+                          _stop_plan(sets, r, eos_ids, sizes.n_stop, vocab, extra.get("late")))
 
 
 def _calibration(ref: EngineHandle, rp: _ReferencePass, th: GateThresholds, eos_ids: list[int], vocab: int,
