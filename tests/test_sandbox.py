@@ -581,7 +581,8 @@ def test_without_a_memory_cgroup_the_watch_stops_a_sandbox_past_its_bound(monkey
 def test_without_a_memory_cgroup_memory_no_process_maps_is_caught_by_the_hosts_floor(monkeypatch) -> None:
     """The same host: memory written into a memfd and never mapped is no process's (PSS does not see it, nor does
     RLIMIT_AS), so the watch also reads the host's available memory. Here the floor sits 512 MiB under what the
-    host has now, and the sandbox takes 3 GiB that way: it is killed, and the note says why."""
+    host has now, and the sandbox keeps taking memory that way, 64 MiB at a time up to 6 GiB (what other processes
+    free meanwhile cannot keep it above the floor): it is killed, and the note says why."""
     import seis.sandbox.memory_watch as memory_watch
     import seis.sandbox.process as process
     monkeypatch.setattr(process.MemoryCage, "create", classmethod(lambda cls, name, limit: None))
@@ -591,8 +592,9 @@ def test_without_a_memory_cgroup_memory_no_process_maps_is_caught_by_the_hosts_f
     policy = SandboxPolicy(binds=(), env=allowed_env(), limits=Limits(sandbox_memory_bytes=64 * 2**30))
     hog = ("import os, time\n"
            "fd = os.memfd_create('hidden')\n"
-           "for _ in range(48):\n"
+           "for _ in range(96):\n"
            "    os.write(fd, b'\\1' * 2**26)\n"
+           "    time.sleep(0.05)\n"
            "time.sleep(20)\nprint('SURVIVED', flush=True)\n")
     box = SandboxedProcess([sys.executable, "-c", hog], policy, stderr=subprocess.DEVNULL)
     proc = box.start()
