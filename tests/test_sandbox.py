@@ -391,10 +391,12 @@ def test_freeze_stops_what_runs_in_namespaces_the_sandbox_made() -> None:
     assert not _marked(marker)
 
 
-# A process that has the kernel resume it: a POSIX timer whose signal is SIGCONT, every 20 ms, then a spin. SIGCONT
-# is handled (recent kernels park a timer whose signal is ignored, as SIGCONT's default is once it resumed nothing),
-# and a thread arms the timer again every millisecond (a SIGSTOP that finds its SIGCONT pending can park it too),
-# so the timer fires during the freeze however late the freeze comes.
+# A process that has the kernel resume it: a POSIX timer whose signal is SIGCONT, then a spin. SIGCONT is handled
+# (recent kernels park a timer whose signal is ignored, as SIGCONT's default is once it resumed nothing), and a
+# thread arms the timer again every 10 ms for 200 ms ahead, so while the process runs the timer never fires: a
+# SIGSTOP that finds a SIGCONT of the timer pending drops it and parks the timer, which on a loaded machine (the
+# timer firing while its threads wait for a core) happened often with a 20 ms timer. Once the freeze stops the
+# arming, the timer fires within 200 ms, during the freeze however late the freeze comes.
 WAKES_ITSELF = textwrap.dedent("""
     import ctypes, signal, threading, time
     libc = ctypes.CDLL(None, use_errno=True)
@@ -406,11 +408,11 @@ WAKES_ITSELF = textwrap.dedent("""
     signal.signal(signal.SIGCONT, lambda *_: None)
     event, timer = Event(signo=signal.SIGCONT, notify=0), ctypes.c_void_p()  # SIGEV_SIGNAL
     assert libc.timer_create(1, ctypes.byref(event), ctypes.byref(timer)) == 0
-    every = (ctypes.c_long * 2)(0, 20_000_000)
+    every = (ctypes.c_long * 2)(0, 200_000_000)
     def arm():
         while True:
             libc.timer_settime(timer, 0, ctypes.byref(Spec(every, every)), None)
-            time.sleep(0.001)
+            time.sleep(0.01)
     threading.Thread(target=arm, daemon=True).start()
     print("armed", flush=True)
     while True:
