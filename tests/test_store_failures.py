@@ -198,7 +198,7 @@ def test_git_metadata_in_a_tree_never_reaches_the_store(planted, tmp_path):
     assert not list(stored.rglob(".git")) and _dvc_clean(repo)
 
 
-@pytest.mark.parametrize("planted", [".lock", ".gitignore", "{sid}.json.part", "{sid}.dvc"])
+@pytest.mark.parametrize("planted", [".lock", ".gitignore", "{sid}.json", "{sid}.dvc"])
 def test_a_link_planted_among_the_stores_own_files_is_refused_and_reaches_no_host_file(planted, tmp_path):
     """A clone's commit can hold a symbolic link where the store keeps its own files: the lock (truncated when
     taken), `.gitignore` (written, and appended to by DVC), a manifest's `.part` and a `.dvc` file (written by
@@ -218,6 +218,6 @@ def test_a_link_planted_among_the_stores_own_files_is_refused_and_reaches_no_hos
     with pytest.raises(StoreError, match="symbolic links"):
         SnapshotStore(root, use_dvc=False)
     assert host_file.read_text() == "precious\n"
-    assert not (root / f"{sid}.json").exists()
+    assert not (root / sid).exists()   # nothing stored
     link.unlink()
     assert SnapshotStore(root, use_dvc=False).put(ENGINE_TEMPLATE) == sid  # usable again once it is gone

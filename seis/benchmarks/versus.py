@@ -360,7 +360,6 @@ def main(argv: list[str] | None = None) -> dict:
     with_vanilla = available and args.minisgl != "off"
 
     from ..engine_host.jit_cache import held_cache, private_cache
-    from ..engine_import import ENGINE_TEMPLATE
     from ..models import resolve_model
     from ..workspace.tree import scratch_dir, tree_hash
     from ..provenance import device_label, source_commit, weights_label
@@ -375,7 +374,7 @@ def main(argv: list[str] | None = None) -> dict:
     with scratch_dir("seis-versus-") as tmp, ExitStack() as held, engine_failures_shown():
         trees = engine_trees(stacks, labelled, args.snapshot, args.store, tmp)
         hashes = {label: tree_hash(tree) for label, tree in trees.items()}  # what each row measured
-        shared = held.enter_context(held_cache(tree_hash(ENGINE_TEMPLATE), tmp / "cache-E0"))
+        shared = held.enter_context(held_cache(hashes["E0"], tmp / "cache-E0"))
         # each candidate's cache is a copy of E0's as it stands before anything builds (E0 writes into its own)
         caches = {label: shared if label == "E0" else private_cache(tmp / f"cache-{i}", shared)
                   for i, label in enumerate(trees)}

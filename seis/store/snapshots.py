@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from ..files import write_atomic
 from ..sandbox.walk import Entry, walk
 from ..workspace.tree import (
     IGNORED_DIRS,
@@ -159,7 +160,7 @@ class SnapshotStore:
         self._refuse_links()
         ignore = self.root / ".gitignore"  # the store's own scratch files (DVC appends its entries here too)
         if not ignore.exists():
-            ignore.write_text("/.lock\n/.tmp-*\n/*.json.part\n", encoding="utf-8")
+            ignore.write_text("/.lock\n/.tmp-*\n/.*.part\n", encoding="utf-8")
         self.id_len, self.lock_timeout_s = id_len, lock_timeout_s
         self._id = re.compile(rf"^[0-9a-f]{{{id_len}}}$")
         self.dvc: DvcRepo | None = open_repo(self.root, lock_timeout_s) if use_dvc is not False else None
@@ -179,7 +180,7 @@ class SnapshotStore:
 
     def _refuse_links(self) -> None:
         """The store writes, truncates (its lock) and removes its own files by name, so a link among them (a clone's
-        commit can hold one: `.lock`, `.gitignore`, `<id>.json.part`, `<id>.dvc`) would carry those writes to a host
+        commit can hold one: `.lock`, `.gitignore`, `<id>.json`, `<id>.dvc`) would carry those writes to a host
         file; DVC appends to `.gitignore` by name too. A store holding one is refused until it is removed."""
         with os.scandir(self.root) as entries:
             links = sorted(e.name for e in entries if e.is_symlink())
@@ -249,9 +250,7 @@ class SnapshotStore:
                     "dvc": tracked, "dvc_file": f"{sid}.dvc" if tracked else None,
                     "source": str(engine_dir.resolve()), "files": entries, "meta": meta or {},
                 }
-                part = self._manifest(sid).with_suffix(".json.part")
-                part.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-                os.replace(part, self._manifest(sid))
+                write_atomic(self._manifest(sid), json.dumps(manifest, indent=1) + "\n")
             except BaseException:
                 self._discard(sid)  # a snapshot is whole or absent: nothing half-stored stays to mislead a later put
                 raise
@@ -327,10 +326,8 @@ class SnapshotStore:
                 if self.dvc is None or not ref.dvc_file:
                     raise StoreError(f"snapshot {ref.id} lives in a DVC remote but {self.root} is not in a DVC "
                                      f"repository with that remote")
-                (self.root / f"{ref.id}.dvc").write_text(ref.dvc_file, encoding="utf-8")
-            part = self._manifest(ref.id).with_suffix(".json.part")
-            part.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-            os.replace(part, self._manifest(ref.id))
+                write_atomic(self.root / f"{ref.id}.dvc", ref.dvc_file)
+            write_atomic(self._manifest(ref.id), json.dumps(manifest, indent=1) + "\n")
         return True
 
     def fetch(self, snapshot_id: str) -> str:
@@ -389,7 +386,8 @@ class SnapshotStore:
         .gitignore entry `dvc add` writes for it, so that DVC and git see nothing of it."""
         shutil.rmtree(self.root / sid, ignore_errors=True)
         (self.root / f"{sid}.dvc").unlink(missing_ok=True)
-        self._manifest(sid).with_suffix(".json.part").unlink(missing_ok=True)
+        for part in self.root.glob(f".{sid}.*.part"):  # write_atomic's, of a writer killed midway
+            part.unlink(missing_ok=True)
         ignore = self.root / ".gitignore"
         if ignore.is_file():
             lines = ignore.read_text(encoding="utf-8").splitlines(keepends=True)
