@@ -193,6 +193,43 @@ def test_credential_files_beside_a_shown_python_installation_cannot_be_read(tmp_
     assert token in (site / "pip.conf").read_text()  # the host's file is untouched
 
 
+def test_a_home_directory_on_the_operators_path_variables_is_never_shown(tmp_path: Path, monkeypatch) -> None:
+    """PYTHONPATH, LD_LIBRARY_PATH and CPATH entries are shown whole: one naming the operator's home (or a
+    directory above it) showed every file in it, the API key exported in ~/.bashrc and the Hugging Face token
+    included. A home is never shown; a package directory inside one still imports."""
+    home = tmp_path / "home"
+    site = home / ".local" / "site"
+    site.mkdir(parents=True)
+    (home / ".cache" / "huggingface").mkdir(parents=True)
+    (site / "seis_probe_pkg.py").write_text("VALUE = 42\n")
+    (home / ".bashrc").write_text("export OPENAI_API_KEY=sk-seis-probe-home-secret\n")
+    (home / ".cache" / "huggingface" / "token").write_text("hf_seis_probe_home_secret\n")
+    for d in (tmp_path, home, home / ".local", site, home / ".cache", home / ".cache" / "huggingface"):
+        d.chmod(0o755)  # a home others may read, as Debian makes them (and the owner's own, in a rootless run)
+    for f in (site / "seis_probe_pkg.py", home / ".bashrc", home / ".cache" / "huggingface" / "token"):
+        f.chmod(0o644)
+    # SEIS's cache elsewhere (a large disk, as on GPU hosts): the home is not above a forbidden path
+    monkeypatch.setenv("SEIS_CACHE", str(tmp_path.parent / "seis-probe-cache"))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(home)]))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(home))
+    monkeypatch.setenv("CPATH", str(tmp_path))  # above the home
+    seen = run_probe("""
+        import json, os
+        import seis_probe_pkg
+        read = {}
+        for path in (%r, %r, %r):
+            try:
+                read[path] = open(path).read()
+            except OSError as e:
+                read[path] = 'unreadable: ' + type(e).__name__
+        print(json.dumps({'value': seis_probe_pkg.VALUE, 'read': read}))
+    """ % (str(home / ".bashrc"), str(home / ".cache" / "huggingface" / "token"),
+           str(tmp_path / "home" / ".bashrc")))
+    assert seen["value"] == 42
+    assert "secret" not in json.dumps(seen["read"]), seen["read"]
+
+
 def test_path_inside_holds_the_interpreters_tools_and_shown_operator_entries_only(tmp_path: Path,
                                                                                   monkeypatch) -> None:
     # FlashInfer's JIT calls `ninja` (a venv's bin) and `nvcc` by PATH: the operator's entries that the sandbox

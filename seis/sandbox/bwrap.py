@@ -103,11 +103,35 @@ def _show(path: str, writable: bool = False) -> list[str]:
 
 
 def _shown(raw: str, forbidden: tuple[Path, ...]) -> Path | None:
-    """raw resolved, if it exists and is neither inside nor above a forbidden path (the project checkout)."""
+    """raw resolved, if it exists, is neither inside nor above a forbidden path (the project checkout), and is
+    neither a home directory nor above one."""
     path = Path(raw).resolve()
     if not path.exists() or any(_overlaps(path, f) for f in forbidden):
         return None
+    if any(path == home or path in home.parents for home in homes()):
+        return None
     return path
+
+
+@functools.lru_cache(maxsize=1)
+def _account_homes() -> tuple[str, ...]:
+    """Home directories of root, of this process's account and of every account a person gets (uids 1000 up to
+    the usual UID_MAX, 60000; not nobody's)."""
+    try:
+        import pwd
+        entries = pwd.getpwall()
+    except (ImportError, OSError, KeyError):
+        return ()
+    return tuple(e.pw_dir for e in entries if e.pw_uid in (0, os.getuid()) or 1000 <= e.pw_uid < 60000)
+
+
+def homes() -> tuple[Path, ...]:
+    """Home directories, which hold their owners' credentials (~/.ssh, ~/.aws, a token in ~/.cache/huggingface, an
+    API key exported in ~/.bashrc): a home, or a directory above one, is never shown whole, though the operator's
+    PYTHONPATH, LD_LIBRARY_PATH or CPATH name it (`PYTHONPATH=$HOME`, or `.` run from the home) or Python lives
+    right in it. What lies inside one (a pyenv or conda installation, a venv, ~/.local/lib) is shown as before."""
+    found = {os.environ.get("HOME", ""), os.path.expanduser("~"), *_account_homes()}
+    return tuple(Path(h).resolve() for h in sorted(found) if h.startswith("/") and h != "/")
 
 
 def _operator_entries(var: str) -> list[str]:
@@ -116,7 +140,8 @@ def _operator_entries(var: str) -> list[str]:
 
 def python_paths(forbidden: tuple[Path, ...]) -> list[str]:
     """Where this interpreter and its packages live (a venv's base too), plus PYTHONPATH and library-path
-    entries the operator set, except anything inside or above a forbidden path (the project checkout)."""
+    entries the operator set, except anything inside or above a forbidden path (the project checkout) and any
+    home directory or directory above one (homes())."""
     found = [sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).resolve().parents[1])]
     for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "CPATH"):
         found += _operator_entries(var)
