@@ -26,9 +26,10 @@ from test_sandbox import run_probe
 
 
 # --- the program, interpreted ---------------------------------------------------------------------------------------
-def verdict(nr: int, arch: int = seccomp.AUDIT_ARCH_X86_64, arg0: int = 0, fixed_cpus: bool = False) -> int:
+def verdict(nr: int, arch: int = seccomp.AUDIT_ARCH_X86_64, arg0: int = 0, fixed_cpus: bool = False,
+            arg1: int = 0) -> int:
     """What the filter returns for a call: runs the handful of classic-BPF instructions it is made of."""
-    data = struct.pack("=IIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)   # struct seccomp_data
+    data = struct.pack("=IIQ6Q", nr, arch, 0, arg0, arg1, 0, 0, 0, 0)   # struct seccomp_data
     raw = seccomp.program(fixed_cpus)
     prog = [struct.unpack_from("=HBBI", raw, i) for i in range(0, len(raw), 8)]
     assert len(raw) % 8 == 0 and len(prog) <= 4096
@@ -82,7 +83,7 @@ def test_the_syscall_numbers_match_the_hosts_header() -> None:
     except OSError:
         pytest.skip(f"no {header} here")
     for name, nr in {**seccomp.denied(fixed_cpus=True), "personality": seccomp.PERSONALITY, "socket": seccomp.SOCKET,
-                     "socketpair": seccomp.SOCKETPAIR}.items():
+                     "socketpair": seccomp.SOCKETPAIR, "ioctl": seccomp.IOCTL}.items():
         assert f"#define __NR_{name} {nr}\n" in text, name
 
 
@@ -311,3 +312,75 @@ def test_an_agent_sandbox_may_still_set_its_cpu_mask(tmp_path: Path) -> None:
     everywhere = sorted(os.sched_getaffinity(0))
     assert seen == {"self": "widened", "mask": everywhere, "thread": {"tried": "widened", "mask": everywhere},
                     "child": ["widened", str(everywhere)]}
+
+
+# --- fscrypt: a keyring per filesystem, in no namespace ---------------------------------------------------------------
+FS_IOC_ADD_ENCRYPTION_KEY, FS_IOC_GET_ENCRYPTION_KEY_STATUS = 0xC0506617, 0xC080661A
+TCGETS, FIONREAD = 0x5401, 0x541B
+
+
+def test_the_program_denies_fscrypts_ioctls_and_no_other() -> None:
+    eperm = seccomp.RET_ERRNO | errno.EPERM
+    for name, request in seccomp.DENIED_IOCTLS.items():
+        assert verdict(seccomp.IOCTL, arg1=request) == eperm, name
+        assert verdict(seccomp.IOCTL, arg1=(1 << 32) | request) == eperm, name   # the kernel reads an unsigned int
+    for request in (TCGETS, FIONREAD, 0xC0186403, 0x46):   # a terminal, a pipe, DRM, nvidia's control calls
+        assert verdict(seccomp.IOCTL, arg1=request) == seccomp.RET_ALLOW, hex(request)
+    assert verdict(seccomp.IOCTL, arg0=FS_IOC_ADD_ENCRYPTION_KEY) == seccomp.RET_ALLOW   # the descriptor, not the call
+
+
+@pytest.fixture
+def encrypting_fs(tmp_path: Path):
+    """A directory on a small ext4 filesystem with encryption enabled (loop-mounted; root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a filesystem needs root")
+    image, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(64 * 2**20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-O", "encrypt", str(image)], capture_output=True)
+    if made.returncode != 0 or subprocess.run(["mount", "-o", "loop", str(image), str(mnt)],
+                                              capture_output=True).returncode != 0:
+        pytest.skip("no loop-mounted ext4 with encryption here")
+    try:
+        (mnt / "shared").mkdir()
+        yield mnt / "shared"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+FSCRYPT = textwrap.dedent("""
+    import fcntl, json, os, struct, sys
+    fd = os.open('/fs', os.O_RDONLY | os.O_DIRECTORY)
+    def add(raw):   # struct fscrypt_add_key_arg: a key specifier by identifier (v2), then the raw key
+        arg = bytearray(struct.pack('=II32sII32s', 2, 0, bytes(32), len(raw), 0, bytes(32)) + raw)
+        try:
+            fcntl.ioctl(fd, %d, arg)
+            return bytes(arg[8:24]).hex()
+        except OSError as e:
+            return e.errno
+    def status(identifier):   # struct fscrypt_get_key_status_arg; status 2 is FSCRYPT_KEY_STATUS_PRESENT
+        arg = bytearray(struct.pack('=II16s16s', 2, 0, bytes.fromhex(identifier), bytes(16)) + bytes(88))
+        try:
+            fcntl.ioctl(fd, %d, arg)
+            return struct.unpack_from('=I', arg, 64)[0]
+        except OSError as e:
+            return -e.errno
+""" % (FS_IOC_ADD_ENCRYPTION_KEY, FS_IOC_GET_ENCRYPTION_KEY_STATUS))
+
+
+def test_a_key_added_to_a_filesystems_keyring_cannot_reach_a_later_sandbox(encrypting_fs: Path) -> None:
+    """fscrypt keeps the keys added to a filesystem in a keyring of that filesystem's, until it is unmounted, and
+    any user may add one and ask whether a key is present. A sandbox that saw held-out prompts could add keys whose
+    identifiers spell them; a later sandbox, with a file of the same filesystem (here a read-only bind), asked for
+    them back (unfiltered: the second sandbox finds the first one's key present)."""
+    from seis.sandbox import Bind
+    # the identifier fscrypt derives from this key (HKDF-SHA512), so the reader need not be told it
+    key = bytes([7]) * 64
+    expected = "79b2a2affd74816ff0fcf332cacf22ee"
+    writer = run_probe(FSCRYPT + f"print(json.dumps({{'added': add({key!r})}}))",
+                       SandboxPolicy(binds=(Bind(encrypting_fs, "/fs", writable=True),), env=allowed_env()))
+    reader = run_probe(FSCRYPT + f"print(json.dumps({{'status': status({expected!r})}}))",
+                       SandboxPolicy(binds=(Bind(encrypting_fs, "/fs"),), env=allowed_env()))
+    assert reader["status"] != 2, (writer, reader)
+    assert writer == {"added": errno.EPERM} and reader == {"status": -errno.EPERM}

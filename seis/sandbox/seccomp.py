@@ -14,6 +14,11 @@ needs and that either keep state outside the sandbox or open a large kernel atta
   host, CID 2, and the services listening there, and listens on ports of the whole machine), so a sandbox with no
   network held a channel out of it; the rest (packet, Bluetooth, ...) no agent or engine needs, and each loads a
   kernel module of its own on first use.
+- ioctl, for fscrypt's calls (FS_IOC_ADD_ENCRYPTION_KEY and the rest): a filesystem with encryption enabled keeps
+  the keys added to it in a keyring of its own, in no namespace, until it is unmounted, and any user may add one (a
+  key of its choosing) and ask whether one is present. A sandbox that added keys left bits that a later sandbox,
+  any uid, read back through a file of the same filesystem (a writable bind, the model, /usr). Setting a policy and
+  the password salt (kept on disk) fail too: no agent or engine encrypts its files.
 - sched_setaffinity, with fixed_cpus (engine sandboxes): a timed engine must stay on the CPU the gate gives it
   (seis.engine_host.affinity), and the call needs no privilege, so a candidate could widen its own threads' masks
   again and run its host side on many CPUs while vanilla gets one. The host pins the engine's threads from
@@ -45,6 +50,14 @@ DENIED: dict[str, int] = {
 PERSONALITY = 135
 SCHED_SETAFFINITY = 203   # denied only with fixed_cpus
 SOCKET, SOCKETPAIR = 41, 53
+IOCTL = 16
+# fscrypt's ioctls (linux/fscrypt.h): the filesystem's keyring, and what an encryption policy leaves on disk. The kernel
+# reads the request as an unsigned int, so these are compared with the low word of the argument.
+DENIED_IOCTLS: dict[str, int] = {
+    "FS_IOC_SET_ENCRYPTION_POLICY": 0x800C6613, "FS_IOC_GET_ENCRYPTION_PWSALT": 0x40106614,
+    "FS_IOC_ADD_ENCRYPTION_KEY": 0xC0506617, "FS_IOC_REMOVE_ENCRYPTION_KEY": 0xC0406618,
+    "FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS": 0xC0406619, "FS_IOC_GET_ENCRYPTION_KEY_STATUS": 0xC080661A,
+}
 # Address families (linux/socket.h) that a network namespace confines: AF_UNIX, AF_INET, AF_INET6, AF_NETLINK.
 SOCKET_FAMILIES = (1, 2, 10, 16)
 # personality(2) values Docker's default profile allows: PER_LINUX, PER_LINUX_32BIT, UNAME26, both, and the query.
@@ -53,7 +66,7 @@ PERSONAS = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 AUDIT_ARCH_X86_64 = 0xC000003E       # EM_X86_64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE (linux/audit.h)
 X32_SYSCALL_BIT = 0x40000000
 # struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (little-endian: args[0]'s low word)
-NR_AT, ARCH_AT, ARG0_AT = 0, 4, 16
+NR_AT, ARCH_AT, ARG0_AT, ARG1_AT = 0, 4, 16, 24
 # classic BPF (linux/bpf_common.h) and seccomp's verdicts (linux/seccomp.h)
 LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
 RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
@@ -73,8 +86,9 @@ def denied(fixed_cpus: bool = False) -> dict[str, int]:
 
 
 def instructions(fixed_cpus: bool = False) -> list[Insn]:
-    """The filter: wrong arch → kill; x32 or a denied number → EPERM; personality outside PERSONAS → EPERM; socket or
-    socketpair of a family outside SOCKET_FAMILIES → EAFNOSUPPORT; else allow. Jumps name their targets (the labels
+    """The filter: wrong arch → kill; x32 or a denied number → EPERM; personality outside PERSONAS → EPERM; ioctl with
+    a request in DENIED_IOCTLS → EPERM; socket or socketpair of a family outside SOCKET_FAMILIES → EAFNOSUPPORT; else
+    allow. Jumps name their targets (the labels
     in the list, which classic BPF only jumps forward to), resolved to relative offsets below."""
     program: list[tuple[int, int | str, int | str, int] | str] = [
         (LD_W_ABS, 0, 0, ARCH_AT),
@@ -85,6 +99,7 @@ def instructions(fixed_cpus: bool = False) -> list[Insn]:
         *[(JEQ_K, "eperm", 0, nr) for nr in sorted(denied(fixed_cpus).values())],
         (JEQ_K, "family", 0, SOCKET),
         (JEQ_K, "family", 0, SOCKETPAIR),
+        (JEQ_K, "ioctl", 0, IOCTL),
         (JEQ_K, 0, "allow", PERSONALITY),
         (LD_W_ABS, 0, 0, ARG0_AT),   # the kernel takes personality's argument as an unsigned int
         *[(JEQ_K, "allow", 0, p) for p in PERSONAS],
@@ -93,6 +108,10 @@ def instructions(fixed_cpus: bool = False) -> list[Insn]:
         (LD_W_ABS, 0, 0, ARG0_AT),   # the family, an int: its low word
         *[(JEQ_K, "allow", 0, f) for f in SOCKET_FAMILIES],
         (RET_K, 0, 0, RET_EAFNOSUPPORT),
+        "ioctl",
+        (LD_W_ABS, 0, 0, ARG1_AT),   # the request
+        *[(JEQ_K, "eperm", 0, request) for request in DENIED_IOCTLS.values()],
+        (RET_K, 0, 0, RET_ALLOW),
         "eperm",
         (RET_K, 0, 0, RET_EPERM),
         "allow",
