@@ -174,6 +174,61 @@ def test_a_candidate_that_stops_at_every_near_tie_fails_the_timed_path():
     assert early_ends_check([2] * 5 + [6] * 3).passed
 
 
+class EosAheadReference(ScriptedReference):
+    """Scores every token as its own top-1, except at output position `at`, where an EOS leads it by `gap` nats."""
+
+    def __init__(self, at: int, gap: float):
+        super().__init__({})
+        self.at, self.gap = at, gap
+
+    def score(self, prompts, continuations, top_k):
+        out = []
+        for cont in continuations:
+            s = super().score([None], [cont], top_k)[0]
+            if len(cont) > self.at and cont[self.at] != EOS:
+                s.top_ids[self.at][0] = EOS
+                s.token_logprobs[self.at] = -1.0 - self.gap
+            out.append(s)
+        return out
+
+
+def _missed(gap: float, ignore_eos: bool = False, eos_scale: float = 1.0):
+    """A candidate that went on at position 1 (the reference's [5, 6, EOS] is its own, [5, 7, 8, 9, EOS] ran on)."""
+    timed = _timed()
+    sampling = Sampling(max_new_tokens=8, ignore_eos=ignore_eos, stop_token_ids=())
+    timed.sets["dev-natural"] = [PromptSet("dev-natural", ("p",), (PROMPT,), (sampling,)) for _ in range(3)]
+    long = [5, 7, 8, 9] if ignore_eos else [5, 7, 8, 9, EOS]
+    timed.outputs["dev-natural"]["candidate"] = [[GenerationOut(token_ids=long, finish_reason="length" if ignore_eos
+                                                                else "stop")] for _ in range(3)]
+    cal = Calibration(method="test", noise={}, tolerance={"top1": 0.5, "length": 0.5}, positions=1, requests=1)
+    checks = timed_checks(EosAheadReference(1, gap), timed, cal, GateThresholds(), [EOS], VOCAB, 64, eos_scale)
+    return {c.name: c for c in checks}
+
+
+def test_a_candidate_that_runs_past_a_clear_eos_fails_the_timed_path_whatever_its_rate():
+    """One token in five goes on where the reference's EOS leads by 2 nats: greedy_valid (a rate, tolerance 0.5 here)
+    lets it through, the missed-stops rule names every request; lengths cannot show it (the texts differ there)."""
+    checks = _missed(gap=2.0)
+    assert checks["timed.dev-natural.greedy_valid"].passed
+    assert checks["timed.dev-natural.natural_length"].passed and checks["timed.dev-natural.early_ends"].passed
+    missed = checks["timed.dev-natural.missed_stops"]
+    assert not missed.passed and missed.value == 3.0
+    assert "token 1 went on past an EOS/stop id the reference puts 2.00 nats above it" in missed.detail
+
+
+def test_going_on_past_an_eos_near_tie_or_where_eos_is_ignored_is_no_missed_stop():
+    """Within the stop margin (0.75 nats, wider with a large EOS row) an honest engine's rounding may go on; with
+    ignore_eos nothing is missed."""
+    assert checks_pass(_missed(gap=0.5))
+    assert checks_pass(_missed(gap=0.9, eos_scale=3.24))
+    assert not _missed(gap=1.2, eos_scale=3.24)["timed.dev-natural.missed_stops"].passed
+    assert _missed(gap=5.0, ignore_eos=True)["timed.dev-natural.missed_stops"].passed
+
+
+def checks_pass(checks) -> bool:
+    return checks["timed.dev-natural.missed_stops"].passed
+
+
 def test_the_gates_host_side_reads_the_model_without_torch():
     """The tokenizer, a chat prompt and the EOS scale, as the gate's host process gets them, in a fresh interpreter:
     no torch (a session process that imports it pays about 2 s of CPU for nothing)."""

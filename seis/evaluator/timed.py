@@ -4,7 +4,8 @@ shortcut, layers skipped late in long outputs, junk while pinned, early fake EOS
 
 Per speed workload, over all repetitions: every request answered; lengths and EOS rules; greedy token agreement
 with the reference's own timed outputs; the reference's scoring of the candidate's tokens (each its top-1 up to a
-near-tie); every EOS the candidate stopped at must be within the stop margin of the reference's top-1 there; at
+near-tie); every EOS the candidate stopped at must be within the stop margin of the reference's top-1 there, and
+no token it chose where the reference's top-1 is an EOS may lie beyond that margin below it (missed stops); at
 natural length the summed output length must match the reference's where the texts agree up to a stop, and the
 candidate must not end early on clearly more requests than it ends late. Tolerances are the correctness checks'
 calibrated ones; the stop margin is calibrated here, on the reference's own timed stops and on how much larger the
@@ -59,6 +60,25 @@ def _false_stops(gaps: list[float | None], outs: list[GenerationOut], tolerance:
             if gap is not None and gap > tolerance]
 
 
+def _missed_stops(scores, outs: list[GenerationOut], enders: list[set[int]], tolerance: float) -> list[str]:
+    """The mirror of _false_stops: per output, the first token the candidate chose where the scorer's top-1 is an
+    EOS (or stop id) that leads it by more than the stop margin. greedy_valid counts such a token only as one wrong
+    token among many, within its rate; but each one is a request run past its end, and an engine that passes over
+    clear EOS in a few percent of its tokens makes batch rows run on for the wall time the longest row sets anyway
+    (more tokens counted per call) while ignoring a stop condition. An honest engine goes on past the reference's EOS
+    only where rounding puts its own pick above it, a gap as small as at the stops _false_stops bounds, so both use
+    the same margin."""
+    problems = []
+    for i, (s, out, stop) in enumerate(zip(scores, outs, enders)):
+        for k, (tok, lp, top_ids, top_lps) in enumerate(zip(out.token_ids, s.token_logprobs, s.top_ids,
+                                                            s.top_logprobs)):
+            if tok not in stop and top_ids and top_ids[0] in stop and top_lps[0] - lp > tolerance:
+                problems.append(f"request {i}: token {k} went on past an EOS/stop id the reference puts "
+                                f"{top_lps[0] - lp:.2f} nats above it")
+                break
+    return problems
+
+
 def _reference_stop_gaps(ref: EngineHandle, timed: TimedOutputs, vocab: int, max_seq_len: int) -> list[float]:
     """The reference's scoring of its own timed natural-length outputs, at the stops it made."""
     present = []
@@ -95,6 +115,9 @@ def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, th: G
                                                                     [s.stop_token_ids for s in sampling]), n))
         present = [(p, o) for p, s, o in zip(prompts, sampling, cand)
                    if o is not None and scoreable(p, o, s.max_new_tokens, vocab, max_seq_len)]
+        enders = [set(s.stop_token_ids) | (set() if s.ignore_eos else set(eos_ids)) for p, s, o
+                  in zip(prompts, sampling, cand) if o is not None and scoreable(p, o, s.max_new_tokens, vocab,
+                                                                                  max_seq_len)]
         total = sum(max(len(o.token_ids), 1) for o in cand if o is not None) or None
         scores = ref.score([list(p) for p, _ in present], [o.token_ids for _, o in present], top_k=1) \
             if present else []
@@ -116,6 +139,9 @@ def timed_checks(ref: EngineHandle, timed: TimedOutputs, cal: Calibration, th: G
                       f"timed stops: {stop_noise:.2f}; EOS logit noise {eos_scale:.2f}x an ordinary token's)",
             "extra": {**check.extra, "stop_margin": stop_tol, "reference_stop_noise": stop_noise,
                       "eos_scale": eos_scale}}))
+        missed = CheckResult.rules(f"{name}.missed_stops", _missed_stops(scores, [o for _, o in present], enders,
+                                                                         stop_tol), n)
+        checks.append(missed.model_copy(update={"detail": f"{missed.detail}; stop margin {stop_tol:.2f} nats"}))
         natural = [not s.ignore_eos for s in sampling]
         if any(natural) and van and all(v is not None for v in van):
             ratio = length_ratio(van, cand, natural)
