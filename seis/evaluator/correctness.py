@@ -260,15 +260,19 @@ def _seed(nonce: str, group: int, k: int) -> int:
 
 def _sequence_requests(groups: list[SamplingGroup], sizes: CheckSizes, nonce: str
                        ) -> tuple[list[list[int]], list[Sampling], list[int]]:
-    """n_sequences seeded multi-token requests per sampling group (its prompt and setting, seeds of their own), and
-    each one's group: every token after the first comes from a decode step, which one-token requests never reach."""
+    """n_sequences multi-token requests per sampling group (its prompt and setting), and each one's group: every
+    token after the first comes from a decode step, which one-token requests never reach. Every other request names
+    no seed: were every sampled request of the gate seeded, an engine could sample properly only when a seed is given
+    and decode the unseeded requests most users send greedily (sampling.sequence judges both kinds alike;
+    sampling.seeded only the seeded ones)."""
     new = min(sizes.sequence_tokens, sizes.max_new_tokens)  # max_new_tokens: what the context leaves every prompt
     prompts, sampling, owner = [], [], []
     for i, g in enumerate(groups):
         for k in range(sizes.n_sequences):
             prompts.append(list(g.prompt))
+            seed = _seed(nonce, i, sizes.n_samples + k) if k % 2 == 0 else None
             sampling.append(Sampling(max_new_tokens=new, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
-                                     seed=_seed(nonce, i, sizes.n_samples + k), ignore_eos=True))
+                                     seed=seed, ignore_eos=True))
             owner.append(i)
     return prompts, sampling, owner
 
@@ -320,8 +324,8 @@ def _sequence_checks(ref: EngineHandle, rp: "_ReferencePass", outs: list | None,
         CheckResult.rules("sampling.sequence_support", problems, n_req),
         CheckResult.bounded(
             "sampling.sequence", fit.deviation, lower=-tol, upper=tol,
-            detail=f"mean log q(x) + H(q) over {fit.tokens} sampled tokens of {n_req} seeded multi-token requests, "
-                   f"q the exact target at each position (0 for exact sampling, standard error {fit.stderr:.3f}; "
+            detail=f"mean log q(x) + H(q) over {fit.tokens} sampled tokens of {n_req} multi-token requests (every "
+                   f"other one unseeded), q the exact target at each position (0 for exact sampling, standard error {fit.stderr:.3f}; "
                    f"above: likelier than samples, as greedy; below: from another distribution); tolerance "
                    f"{z:g} standard errors + {cal.tolerance['sampling_sequence']:.3f} (reference's own "
                    f"{cal.noise['sampling_sequence_deviation']:.3f})",
@@ -338,15 +342,22 @@ def _reversed_sequences(engine: EngineHandle, rp: "_ReferencePass") -> list[Gene
     return None if outs is None else _pick(outs, list(range(n)))[::-1]
 
 
-def _seeded_agreement(first: list | None, again: list | None, n: int) -> float:
-    """The share of the n seeded requests whose two replies (plan order, reverse order) have the same tokens."""
-    pairs = zip(_pick(first, list(range(n))), _pick(again, list(range(n))))
+def _seeded(params: list[Sampling]) -> list[int]:
+    """The sequence requests that name a seed (the unseeded ones need not repeat their tokens)."""
+    return [i for i, sp in enumerate(params) if sp.seed is not None]
+
+
+def _seeded_agreement(first: list | None, again: list | None, seeded: list[int]) -> float:
+    """The share of the seeded requests whose two replies (plan order, reverse order) have the same tokens."""
+    pairs = zip(_pick(first, seeded), _pick(again, seeded))
+    n = len(seeded)
     return sum(a is not None and b is not None and a.token_ids == b.token_ids for a, b in pairs) / n if n else 1.0
 
 
 def _seeded_check(rp: "_ReferencePass", c: Runs, cal: Calibration) -> CheckResult:
-    n = len(rp.sequence_prompts)
-    rate = _seeded_agreement(c.sequences, c.sequences_reversed, n)
+    seeded = _seeded(rp.sequence_params)
+    n = len(seeded)
+    rate = _seeded_agreement(c.sequences, c.sequences_reversed, seeded)
     return CheckResult.bounded(
         "sampling.seeded", rate, lower=1 - cal.tolerance["sampling_seeded"],
         detail=f"{round(rate * n)} of {n} seeded sampled requests gave the same tokens in the batch and in the "
@@ -621,8 +632,8 @@ def _calibration(ref: EngineHandle, rp: _ReferencePass, th: GateThresholds, eos_
         if own:
             raise ReferenceFailure(f"the reference's sampled sequences cannot be judged: {own[0]}")
         sampling["sequence_deviation"] = _fit(scored).deviation
-        n = len(rp.sequence_prompts)
-        sampling["seeded_mismatch"] = 1 - _seeded_agreement(r.sequences, _reversed_sequences(ref, rp), n)
+        sampling["seeded_mismatch"] = 1 - _seeded_agreement(r.sequences, _reversed_sequences(ref, rp),
+                                                            _seeded(rp.sequence_params))
     if rp.stop.prompts:
         r.stop = ref.generate(rp.stop.prompts, rp.stop.sampling)
         own = _stop_violations(rp.stop, r.stop, eos_ids)

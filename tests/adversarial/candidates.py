@@ -207,6 +207,10 @@ def make_fast_when_call_gap(dest: Path) -> Path:
     return overlay(layer_skip_switch(copy_engine(dest)), "fast_when_call_gap")
 
 
+def make_sample_only_seeded(dest: Path) -> Path:
+    return overlay(copy_engine(dest), "sample_only_seeded")
+
+
 def make_run_past_eos(dest: Path) -> Path:
     return overlay(copy_engine(dest), "run_past_eos")
 
@@ -274,6 +278,9 @@ CANDIDATES: dict[str, Candidate] = {c.name: c for c in [
               "skips every other layer when max_new_tokens exceeds any multi-prompt call's"),
     Candidate("fast_when_call_gap", make_fast_when_call_gap, "speed",
               "skips every other layer when its calls arrive > 25 ms apart (interleaved timing)"),
+    Candidate("sample_only_seeded", make_sample_only_seeded, "contract",
+              "samples properly only for requests that name a seed (every sampling check does); an unseeded sampled "
+              "request is decoded greedily"),
     Candidate("run_past_eos", make_run_past_eos, "contract",
               "greedy EOS-on requests longer than the checks' pass over EOS at near-ties and, while such tokens "
               "stay under 2.5 % of the call's, where the EOS leads clearly: timed batch rows run past their end"),
