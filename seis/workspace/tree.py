@@ -53,6 +53,21 @@ def is_control_file(name: str) -> bool:
     return name in CONTROL_NAMES or name.endswith(".dvc")
 
 
+def bad_name(name: str) -> str | None:
+    """Why `name` cannot be an engine-tree name, or None: one that is not UTF-8, or that holds a control or format
+    character (newlines, escapes, bidi overrides, zero-width characters). The cleanup removes such names from a
+    workspace, and every walk below refuses them: the tree hash is defined over UTF-8 paths (a name that is not
+    UTF-8 raised UnicodeEncodeError, which no caller takes for a tree's refusal, out of the hash, the store and the
+    gate), and a name holding a newline rewrites the lines of a diff or a report that quotes it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a file name that is not UTF-8"
+    if not name.isprintable():  # C0/C1 controls, DEL, and the format characters: bidi overrides, zero-width ones
+        return "a file name with control characters (bidi overrides and other format characters included)"
+    return None
+
+
 def path_too_long(rel: str) -> bool:
     """Past MAX_PATH_BYTES (as the kernel counts a path: UTF-8, undecodable bytes as they were)."""
     return len(rel.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES
@@ -115,6 +130,8 @@ def _walk(dir_fd: int, prefix: str = "") -> Iterator[tuple[str, int, os.stat_res
             continue
         if path_too_long(prefix + name):
             raise TreeError(f"{(prefix + name)[:80]}... is a path longer than {MAX_PATH_BYTES} bytes")
+        if why := bad_name(name):
+            raise TreeError(f"{ascii(prefix + name)[:200]} is {why}")
         kind = _kind(dir_fd, name, prefix + name)
         # sort key: a directory's files are "name/..." among this level's files, as in a sort of full paths
         entries.append((name + "/" if kind == "dir" else name, name, kind))
@@ -154,8 +171,8 @@ def tree_files(root: str | Path) -> list[str]:
 def read_tree_file(root: str | Path, rel: str) -> bytes:
     """The bytes of one engine-tree file, reached component by component without following a link."""
     parts = Path(rel).parts
-    if not parts or any(p in ("", ".", "..") for p in parts) or Path(rel).is_absolute():
-        raise TreeError(f"{rel!r} is not a path inside the tree")
+    if not parts or any(p in ("", ".", "..") or bad_name(p) for p in parts) or Path(rel).is_absolute():
+        raise TreeError(f"{ascii(rel)[:200]} is not a path inside the tree")
     fd = _open_root(Path(root))
     try:
         for i, part in enumerate(parts):

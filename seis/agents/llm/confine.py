@@ -33,8 +33,8 @@ from ...sandbox import (Bind, Limits, SandboxedProcess, SandboxError, SandboxPol
 from ...sandbox import WriteWatch
 from ...sandbox.cgroup import host_memory_bytes
 from ...sandbox.walk import dir_ids
-from ...workspace.tree import (MAX_DEPTH, MAX_PATH_BYTES, is_control_file, owner_access, path_too_long, remove_tree,
-                               safe_mode)
+from ...workspace.tree import (MAX_DEPTH, MAX_PATH_BYTES, bad_name, is_control_file, owner_access, path_too_long,
+                               remove_tree, safe_mode)
 
 WORKSPACE, MODEL, SEIS_FILES = "/workspace", "/model", "/seis"
 SCRATCH_HOME = "/tmp/home"
@@ -295,8 +295,8 @@ def _sanitize_walk(root_fd: int, problems: list[str], skip: set[tuple[int, int]]
             if name == ".git":  # an agent's own repository: never part of the tree, and its config runs commands
                 _discard(dir_fd, name, stat.S_ISDIR(st.st_mode))
                 continue
-            why = _bad_name(name) or (f"a {_kind_of_control(name)} file, which an engine tree may not hold"
-                                      if is_control_file(name) else None) or _too_long(rel)
+            why = bad_name(name) or (f"a {_kind_of_control(name)} file, which an engine tree may not hold"
+                                     if is_control_file(name) else None) or _too_long(rel)
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(name, dir_fd=dir_fd)
                 remove(dir_fd, name, rel, f"a symlink to {_printable(target)}; the engine tree holds plain files only")
@@ -404,16 +404,6 @@ def _own_and_restrict(fd: int, is_dir: bool) -> None:
 
 def _kind_of_control(name: str) -> str:
     return "DVC" if name.startswith(".dvc") or name.endswith(".dvc") else "version-control"
-
-
-def _bad_name(name: str) -> str | None:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return "a file name that is not UTF-8"
-    if not name.isprintable():  # C0/C1 controls, DEL, and the format characters: bidi overrides, zero-width ones
-        return "a file name with control characters (bidi overrides and other format characters included)"
-    return None
 
 
 def _too_long(rel: str) -> str | None:

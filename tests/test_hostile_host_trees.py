@@ -1,0 +1,62 @@
+"""What an agent leaves in its tree, against the host code that hashes, copies, diffs and stores it: names no
+engine tree may hold (not UTF-8, control characters), repositories of tools the cleanup did not know, and diffs
+whose cost grows faster than their size. Each test fails on the code before its fix. CPU only."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from seis.agents.llm.confine import sanitize_workspace
+from seis.engine_import import ENGINE_TEMPLATE
+from seis.store import SnapshotStore, StoreError
+from seis.workspace import TreeError, copy_tree, diff_trees, tree_files, tree_hash
+from seis.workspace.tree import read_tree_file
+
+# Names the cleanup removes from a workspace: bytes that are not UTF-8, a newline (a forged line in a diff or a
+# report), an escape sequence, a bidi override.
+BAD_NAMES = [b"engine/\xff\xfe.py", "engine/a\n+++ forged.py".encode(), b"engine/\x1b[2Jclear.py",
+             "engine/\u202eyp.txt".encode()]
+
+
+def _tree_with(tmp_path: Path, name: bytes) -> Path:
+    tree = tmp_path / "tree"
+    copy_tree(ENGINE_TEMPLATE, tree)
+    with open(os.open(os.fsencode(tree) + b"/" + name, os.O_WRONLY | os.O_CREAT, 0o644), "w") as f:
+        f.write("x = 1\n")
+    return tree
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=["not-utf8", "newline", "escape", "bidi"])
+@pytest.mark.parametrize("walk", ["tree_files", "tree_hash", "copy_tree", "diff_trees", "read_tree_file"])
+def test_a_name_no_engine_tree_may_hold_is_a_tree_error_to_every_walk(tmp_path, name, walk):
+    """A name that is not UTF-8 made tree_hash raise UnicodeEncodeError, which no caller takes for a refusal (the
+    store, the gate's hash and the verdict reuse catch TreeError), and a newline in a name forged lines in the
+    session's diff: every walk refuses what the cleanup would remove, with a TreeError."""
+    tree = _tree_with(tmp_path, name)
+    calls = {"tree_files": lambda: tree_files(tree), "tree_hash": lambda: tree_hash(tree),
+             "copy_tree": lambda: copy_tree(tree, tmp_path / "copy"),
+             "diff_trees": lambda: diff_trees(ENGINE_TEMPLATE, tree),
+             "read_tree_file": lambda: read_tree_file(tree, os.fsdecode(name))}
+    with pytest.raises(TreeError):
+        calls[walk]()
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=["not-utf8", "newline", "escape", "bidi"])
+def test_the_store_refuses_such_a_name_as_a_store_error_and_keeps_nothing(tmp_path, name):
+    """put raised UnicodeEncodeError, which the session's retention step does not catch: the run stopped."""
+    tree = _tree_with(tmp_path, name)
+    store = SnapshotStore(tmp_path / "store", use_dvc=False)
+    with pytest.raises(StoreError):
+        store.put(tree)
+    assert {p.name for p in store.root.iterdir()} <= {".gitignore", ".lock"}
+
+
+def test_the_cleanup_and_the_walks_agree_on_names(tmp_path):
+    """What the cleanup leaves is an engine tree every walk takes (the rule is one function)."""
+    tree = _tree_with(tmp_path, BAD_NAMES[0])
+    problems = sanitize_workspace(tree)
+    assert any("not UTF-8" in p for p in problems)
+    assert "engine/__init__.py" in tree_files(tree) and tree_hash(tree)
