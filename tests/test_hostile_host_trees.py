@@ -60,3 +60,20 @@ def test_the_cleanup_and_the_walks_agree_on_names(tmp_path):
     problems = sanitize_workspace(tree)
     assert any("not UTF-8" in p for p in problems)
     assert "engine/__init__.py" in tree_files(tree) and tree_hash(tree)
+
+
+@pytest.mark.parametrize("dot_dir", [".sl", ".pijul"])
+def test_a_repository_of_any_tool_is_removed_by_the_cleanup_and_refused_by_the_store(tmp_path, dot_dir):
+    """A kept workspace (or a snapshot in the store's repository) holding `.sl/config` is a Sapling repository, whose
+    hooks (`[hooks] pre-status = ...`, as in Mercurial's `.hg/hgrc`) run as whoever runs `sl` there, root included;
+    `.pijul` makes a Pijul one. The cleanup removed `.hg` and `.jj` but left these."""
+    tree = tmp_path / "tree"
+    copy_tree(ENGINE_TEMPLATE, tree)
+    (tree / "engine" / dot_dir).mkdir()
+    (tree / "engine" / dot_dir / "config").write_text("[hooks]\npre-status = touch /tmp/owned\n")
+    (tree / "engine" / dot_dir / "requires").write_text("store\n")
+    with pytest.raises(StoreError, match="control files"):
+        SnapshotStore(tmp_path / "store", use_dvc=False).put(tree)
+    problems = sanitize_workspace(tree)
+    assert any(f"engine/{dot_dir}/" in p for p in problems), problems
+    assert not (tree / "engine" / dot_dir).exists()

@@ -31,9 +31,11 @@ SESSION_DIRS = frozenset({"reports", "peers"})  # top level only: session materi
 # there, so no engine tree may hold one. (.git is never part of a tree: it is ignored, never copied or hashed.)
 # Nor a repository of any kind, whose configuration names commands that its tool runs (git's core.fsmonitor,
 # Mercurial's hooks) as whoever runs it there, root included: other tools' metadata directories, and HEAD,
-# without which git takes no directory for a bare repository.
+# without which git takes no directory for a bare repository. Sapling (`sl`, Mercurial's descendant: `.sl/config`
+# holds hooks as `.hg/hgrc` does) and Pijul keep theirs in `.sl` and `.pijul`.
 CONTROL_NAMES = frozenset({".dvc", ".dvcignore", "dvc.yaml", "dvc.lock", ".gitignore", ".gitattributes",
-                           ".gitmodules", "HEAD", ".hg", ".jj", ".svn", ".bzr", "_darcs", ".fslckout", "_FOSSIL_"})
+                           ".gitmodules", "HEAD", ".hg", ".sl", ".pijul", ".jj", ".svn", ".bzr", "_darcs",
+                           ".fslckout", "_FOSSIL_"})
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted in place of a file must not block the host
