@@ -60,6 +60,7 @@ CHAT_PROBE_MARGIN = 1.0        # nats each of those tokens, and the EOS, lead th
 CHAT_PROBE_TOP = 4             # log-probs asked per position (two EOS ids may come first)
 SAMPLING_TOP = 64              # log-probs asked of the reference per sampling prompt (> sampling_top_k)
 STOP_SLACK = 4                 # tokens a stop-id request may run past the stop position (ignoring it shows)
+STOP_UNUSED = 15               # unused stop ids before the real one in some stop-id requests (16 ids in all)
 
 
 @dataclass(frozen=True)
@@ -468,9 +469,11 @@ def _stop_request(plan: StopPlan, prompt: Sequence[int], ids: list[int], j: int,
     # alternate: ignore_eos (only the stop id may end it) / EOS on too, where no EOS comes first
     ignore = k % 2 == 0 or any(t in eos for t in ids[: j + 1])
     stops: tuple[int, ...] = (ids[j],)
-    if k % 4 >= 2:  # a second, unused stop id first: every id of the tuple counts
-        unused = next((t for t in range(vocab) if t not in set(ids) and t not in eos), None)
-        stops = (unused, ids[j]) if unused is not None else stops
+    if k % 4 >= 2:  # unused stop ids first: every id of the tuple counts, however many come before it
+        # one unused id, or STOP_UNUSED: an engine that keeps only the first few ids (a fixed-size stop buffer)
+        # would pass requests of one or two ids
+        unused = [t for t in range(vocab) if t not in set(ids) and t not in eos][: 1 if k % 4 == 2 else STOP_UNUSED]
+        stops = (*unused, ids[j])
     plan.prompts.append(list(prompt))
     plan.sampling.append(Sampling(max_new_tokens=min(j + 1 + STOP_SLACK, len(ids)), ignore_eos=ignore,
                                   stop_token_ids=stops))

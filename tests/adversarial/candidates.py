@@ -211,6 +211,10 @@ def make_sample_only_seeded(dest: Path) -> Path:
     return overlay(copy_engine(dest), "sample_only_seeded")
 
 
+def make_two_stop_id_slots(dest: Path) -> Path:
+    return overlay(copy_engine(dest), "two_stop_id_slots")
+
+
 def make_run_past_eos(dest: Path) -> Path:
     return overlay(copy_engine(dest), "run_past_eos")
 
@@ -281,6 +285,8 @@ CANDIDATES: dict[str, Candidate] = {c.name: c for c in [
     Candidate("sample_only_seeded", make_sample_only_seeded, "contract",
               "samples properly only for requests that name a seed (every sampling check does); an unseeded sampled "
               "request is decoded greedily"),
+    Candidate("two_stop_id_slots", make_two_stop_id_slots, "contract",
+              "honours only the first two stop_token_ids of a request (a fixed two-slot stop buffer)"),
     Candidate("run_past_eos", make_run_past_eos, "contract",
               "greedy EOS-on requests longer than the checks' pass over EOS at near-ties and, while such tokens "
               "stay under 2.5 % of the call's, where the EOS leads clearly: timed batch rows run past their end"),
