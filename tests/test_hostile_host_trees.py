@@ -77,3 +77,41 @@ def test_a_repository_of_any_tool_is_removed_by_the_cleanup_and_refused_by_the_s
     problems = sanitize_workspace(tree)
     assert any(f"engine/{dot_dir}/" in p for p in problems), problems
     assert not (tree / "engine" / dot_dir).exists()
+
+
+def _quadratic_pair(lines: int) -> tuple[str, str]:
+    """Old and new text of one file that difflib needs far more time for than its diff's size says: short lines
+    that each repeat just under difflib's 1% junk threshold, reordered (50 s for 75 KB of diff at 10,000 lines)."""
+    period = 103
+    return ("".join(f"{i % period}\n" for i in range(lines)),
+            "".join(f"{i * 13 % period}\n" for i in range(lines)))
+
+
+def test_a_file_difflib_would_take_a_minute_over_is_named_not_diffed(tmp_path):
+    """Session k retains an inert 10,000-line file, session k+1 reorders it: the orchestrator's diff of it took
+    about a minute of CPU, and the 8 MiB diff cap let about a hundred such files through (1.5 hours a session)."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    a, b = _quadratic_pair(10_000)
+    for tree, text in ((old, a), (new, b)):
+        copy_tree(ENGINE_TEMPLATE, tree)
+        (tree / "engine" / "table.py").write_text(text)
+    t0 = time.monotonic()
+    text = diff_trees(old, new)
+    assert time.monotonic() - t0 < 10
+    assert "diff --git a/engine/table.py b/engine/table.py\n# not shown: too many lines" in text
+
+
+def test_the_whole_diff_has_a_work_budget(tmp_path, monkeypatch):
+    """Each file within the per-file bound, but many of them: past the diff's work budget files are named only."""
+    import seis.workspace.diff as diff_mod
+    monkeypatch.setattr(diff_mod, "MAX_DIFF_WORK", 3 * 1000 * 1000)
+    old, new = tmp_path / "old", tmp_path / "new"
+    a, b = _quadratic_pair(1000)
+    for tree, text in ((old, a), (new, b)):
+        copy_tree(ENGINE_TEMPLATE, tree)
+        for i in range(5):
+            (tree / "engine" / f"table{i}.py").write_text(text)
+    text = diff_trees(old, new)
+    assert [f"engine/table{i}.py" in text for i in range(5)] == [True] * 5  # every changed file is named
+    assert text.count("+++ b/engine/table") == 3
+    assert text.count("# not shown: the diff is past its work limit") == 2

@@ -16,6 +16,13 @@ MAX_DIFF_FILE_BYTES = 1 << 20
 MAX_DIFF_LINES = 10_000
 MAX_DIFF_CHARS = 8 << 20
 MAX_NAMED_CHARS = 1 << 20
+# difflib's time grows with old lines x new lines (and faster), not with the diff's size: a changed file of 10,000
+# short lines, each repeated just under difflib's 1% junk threshold and reordered, took 50 s for 75 KB of diff, so
+# the 8 MiB above let one session hold the orchestrator's CPU for about 1.5 hours. A file is diffed only while its
+# old x new line count stays within MAX_DIFF_PAIRS, and the whole diff within MAX_DIFF_WORK of them (new and
+# deleted files cost nothing); past either, it is named, not diffed. Ordinary source files are far below both.
+MAX_DIFF_PAIRS = 4_000_000
+MAX_DIFF_WORK = 40_000_000
 
 
 def _text(data: bytes) -> list[str] | None:
@@ -31,7 +38,8 @@ def _mode(path: Path) -> str:
     return "100755" if os.lstat(path).st_mode & 0o111 else "100644"
 
 
-def _file_diff(rel: str, old: bytes | None, new: bytes | None, mode: str) -> str:
+def _file_diff(rel: str, old: bytes | None, new: bytes | None, mode: str, work_left: int) -> tuple[str, int]:
+    """The file's diff, and the work (old x new lines) difflib spent on it."""
     a_name = f"a/{rel}" if old is not None else "/dev/null"
     b_name = f"b/{rel}" if new is not None else "/dev/null"
     a_lines, b_lines = _text(old or b""), _text(new or b"")
@@ -41,21 +49,26 @@ def _file_diff(rel: str, old: bytes | None, new: bytes | None, mode: str) -> str
     elif new is None:
         header += f"deleted file mode {mode}\n"
     if a_lines is None or b_lines is None:
-        return header + f"Binary files {a_name} and {b_name} differ\n"
+        return header + f"Binary files {a_name} and {b_name} differ\n", 0
     if max(len(a_lines), len(b_lines)) > MAX_DIFF_LINES:
-        return header + f"# not shown: more than {MAX_DIFF_LINES:,} lines\n"
+        return header + f"# not shown: more than {MAX_DIFF_LINES:,} lines\n", 0
+    work = len(a_lines) * len(b_lines)
+    if work > MAX_DIFF_PAIRS:
+        return header + "# not shown: too many lines on both sides to diff\n", 0
+    if work > work_left:
+        return header + "# not shown: the diff is past its work limit\n", 0
     out = [header]
     for line in difflib.unified_diff(a_lines, b_lines, a_name, b_name, n=3):
         # difflib leaves a last line without "\n" as is; git marks it explicitly.
         out.append(line if line.endswith("\n") else line + "\n" + _NO_EOL)
-    return "".join(out)
+    return "".join(out), work
 
 
 def diff_trees(old_dir: str | Path, new_dir: str | Path) -> str:
     """Diff of every engine-tree file that differs, in sorted path order ('' when the trees are equal)."""
     old_dir, new_dir = Path(old_dir), Path(new_dir)
     old_files, new_files = set(tree_files(old_dir)), set(tree_files(new_dir))
-    parts, size, unnamed = [], 0, 0
+    parts, size, unnamed, work_left = [], 0, 0, MAX_DIFF_WORK
     for rel in sorted(old_files | new_files):
         old = read_tree_file(old_dir, rel) if rel in old_files else None
         new = read_tree_file(new_dir, rel) if rel in new_files else None
@@ -69,7 +82,9 @@ def diff_trees(old_dir: str | Path, new_dir: str | Path) -> str:
         elif size > MAX_DIFF_CHARS:
             part = f"diff --git a/{rel} b/{rel}\n# not shown: the diff is past its size limit\n"
         else:
-            part = _file_diff(rel, old, new, _mode(new_dir / rel if new is not None else old_dir / rel))
+            part, work = _file_diff(rel, old, new, _mode(new_dir / rel if new is not None else old_dir / rel),
+                                    work_left)
+            work_left -= work
         parts.append(part)
         size += len(part)
     if unnamed:
