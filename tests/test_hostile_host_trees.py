@@ -115,3 +115,18 @@ def test_the_whole_diff_has_a_work_budget(tmp_path, monkeypatch):
     assert [f"engine/table{i}.py" in text for i in range(5)] == [True] * 5  # every changed file is named
     assert text.count("+++ b/engine/table") == 3
     assert text.count("# not shown: the diff is past its work limit") == 2
+
+
+def test_no_copy_of_a_tree_has_a_directory_others_can_write_whatever_the_umask(tmp_path):
+    """The gate's judged copy, its retained copy and the store's snapshot are copy_tree's: files were made 0644 or
+    0755 but directories took the process's umask, 0777 under umask 0 (a service's default in some setups), so
+    any local user could swap the code of a judged tree or a stored snapshot."""
+    old = os.umask(0)
+    try:
+        copy_tree(ENGINE_TEMPLATE, tmp_path / "copy")
+        sid = SnapshotStore(tmp_path / "store", use_dvc=False).put(tmp_path / "copy")
+    finally:
+        os.umask(old)
+    for root in (tmp_path / "copy", tmp_path / "store" / sid):
+        for p in [root, *root.rglob("*")]:
+            assert not os.lstat(p).st_mode & 0o022, (p, oct(os.lstat(p).st_mode))

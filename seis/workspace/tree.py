@@ -234,16 +234,19 @@ def copy_tree(src: str | Path, dest: str | Path, max_file_bytes: float = float("
 
     Reads only through descriptors opened without following links (see the module doc), so a tree that changes
     while it is copied can make the copy fail or differ, but never reach a file outside the tree. Modes are
-    reduced to safe_mode: a copy made as root is never setuid or writable by others."""
+    reduced to safe_mode: a copy made as root is never setuid or writable by others, its directories included
+    (made at most 0755 whatever the process's umask: under umask 0 they were 0777, so any local user could
+    rewrite a judged tree or a stored snapshot)."""
     src, dest = Path(src), Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise TreeError(f"{dest} already exists and is not empty")
-    dest.mkdir(parents=True, exist_ok=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.mkdir(mode=0o755, exist_ok=True)
     copied, total = [], 0
     with _files_of(src) as files:
         for rel, fd, st in files:
             target = dest / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(dest, target.parent.relative_to(dest).parts)
             size = 0
             with open(target, "xb") as out:
                 for chunk in _read_chunks(fd):
@@ -257,6 +260,18 @@ def copy_tree(src: str | Path, dest: str | Path, max_file_bytes: float = float("
             os.chmod(target, safe_mode(st.st_mode, is_dir=False))
             copied.append(rel)
     return copied
+
+
+def _make_dirs(dest: Path, parts: tuple[str, ...]) -> None:
+    """dest/parts..., each missing directory made with mode 0755 (less under a stricter umask, never more; a
+    Path.mkdir with parents=True makes the parents with the umask's mode alone)."""
+    d = dest
+    for part in parts:
+        d = d / part
+        try:
+            d.mkdir(mode=0o755)
+        except FileExistsError:
+            pass
 
 
 def remove_tree(path: str | Path) -> None:
