@@ -14,7 +14,7 @@ import pytest
 from seis.engine_import import ENGINE_TEMPLATE
 from seis.evaluator.snapshot import tree_sha256
 from seis.session import SessionSpec, snapshot_or_keep_parent
-from seis.session.steps import gated_dir
+from seis.session.steps import STORE_ERROR, gated_dir
 from seis.store import SnapshotStore, StoreError, dvc_command
 from seis.workspace import copy_tree
 
@@ -79,7 +79,8 @@ def test_a_tree_holding_control_files_is_not_retained_and_leaves_no_trace(plante
     kept = snapshot_or_keep_parent(store, spec, result, True, ())
     assert kept.snapshot == PARENT and kept.retained is False
     assert len(kept.reasons) == 1 and kept.reasons[0].startswith("not retained: the snapshot could not be stored")
-    assert control in kept.reasons[0]
+    assert control in kept.reasons[0] and str(tmp_path) not in kept.reasons[0]  # the tree's own terms only
+    assert not (spec.session_dir / STORE_ERROR).exists()
     assert store.list() == [] and _leftovers(store) == set() and _ignored_entries(store) == []
     with pytest.raises(StoreError, match="control files"):  # the store itself refuses it, by name
         store.put(gated_dir(spec))
@@ -100,7 +101,12 @@ def test_a_dvc_add_failure_is_a_not_retained_session_and_the_store_stays_usable(
     spec, result = _judged(tmp_path)
     kept = snapshot_or_keep_parent(store, spec, result, True, ())
     assert kept.snapshot == PARENT and not kept.retained
-    assert "could not be tracked with DVC" in kept.reasons[0] and "git-ignored" in kept.reasons[0]
+    # the reason reaches later agents: it says the store failed, never DVC's words or a host path; those are the
+    # operator's, in the session's directory
+    assert kept.reasons == ("not retained: the snapshot could not be stored: the snapshot store failed "
+                            f"(see {STORE_ERROR})",)
+    told = (spec.session_dir / STORE_ERROR).read_text()
+    assert "could not be tracked with DVC" in told and "git-ignored" in told
     assert store.list() == [] and _leftovers(store) == set()
     # once git no longer ignores it, the same tree is stored: nothing of the failed put made it look stored
     (repo / ".gitignore").write_text("")
@@ -119,7 +125,8 @@ def test_a_failed_push_undoes_the_add_and_a_later_put_pushes(tmp_path):
     spec, result = _judged(tmp_path)
     kept = snapshot_or_keep_parent(store, spec, result, True, ("kept reason",))
     assert kept.snapshot == PARENT and not kept.retained and kept.reasons[0] == "kept reason"
-    assert "could not be pushed to the DVC remote" in kept.reasons[1]
+    assert "could not be pushed to the DVC remote" in (spec.session_dir / STORE_ERROR).read_text()
+    assert str(tmp_path) not in " ".join(kept.reasons)  # the remote's URL, the store's path: the operator's only
     # no directory, .dvc file or .gitignore entry left: DVC and git see nothing of it
     assert store.list() == [] and _leftovers(store) == set() and _ignored_entries(store) == []
     assert _dvc_clean(repo)

@@ -7,14 +7,17 @@ from typing import NamedTuple
 
 from ..agents import AgentResult, Budget, SessionContext, find_secrets, stamp_verdict
 from ..agents.llm.confine import sanitize_workspace
+from ..files import write_atomic
 from ..run_config import AGENTS_AVAILABLE, RunConfig
-from ..store import DvcError, StoreError
+from ..store import DvcError, StoreError, TreeRefused
 from ..workspace import Report, Workspace, prepare_workspace
 from ..workspace.tree import TreeError
 from .objective import slower_than_parent
 from .resume import save_outcome
 from .reuse import reused_from
 from .spec import SessionOutcome, SessionSpec
+
+STORE_ERROR = "store_error.txt"  # in a session's directory: why the store failed on the host, for the operator
 
 
 def make_agent(config: RunConfig):
@@ -168,14 +171,19 @@ class Retention(NamedTuple):
 def snapshot_or_keep_parent(store, spec: SessionSpec, gate_result, retained: bool,
                             reasons: tuple[str, ...]) -> Retention:
     """snapshot_if_retained, except that a tree the store cannot take (control files in it, DVC failing) ends only
-    this session: not retained, the store's reason recorded, the parent's snapshot kept, and the run goes on. The
-    store leaves nothing of the failed snapshot behind, and a refusal is not retried (it would be refused again)."""
+    this session: not retained, the parent's snapshot kept, and the run goes on. The store leaves nothing of the
+    failed snapshot behind, and a refusal is not retried (it would be refused again). The reasons reach later
+    agents (report.md), so they quote only a refusal of the tree itself, in the tree's terms; what failed on the
+    host (DVC's output, the store's paths, a remote's URL) goes to STORE_ERROR in the session's directory, for the
+    operator."""
     try:
         return Retention(snapshot_if_retained(store, spec, gate_result, retained), retained, reasons)
+    except TreeRefused as e:
+        why = f"not retained: the snapshot could not be stored: {e.detail.strip().splitlines()[0]}"
     except (StoreError, DvcError, OSError, TreeError) as e:
-        lines = str(e).strip().splitlines()
-        why = f"not retained: the snapshot could not be stored: {lines[0] if lines else type(e).__name__}"
-        return Retention(spec.parent_snapshot, False, (*reasons, why))
+        write_atomic(Path(spec.session_dir) / STORE_ERROR, f"{type(e).__name__}: {e}\n")
+        why = f"not retained: the snapshot could not be stored: the snapshot store failed (see {STORE_ERROR})"
+    return Retention(spec.parent_snapshot, False, (*reasons, why))
 
 
 def snapshot_if_retained(store, spec: SessionSpec, gate_result, retained: bool) -> str:

@@ -48,6 +48,16 @@ class StoreError(RuntimeError):
     pass
 
 
+class TreeRefused(StoreError):
+    """The tree itself cannot be stored: its author's doing, not the store's. `detail` says why in the tree's own
+    terms (paths inside it only), the part a session's report may quote to the agent that wrote the tree; the
+    message names the host directory too, for the operator."""
+
+    def __init__(self, engine_dir: Path, detail: str):
+        super().__init__(f"{engine_dir}: {detail}")
+        self.detail = detail
+
+
 class UnknownSnapshotError(LookupError):
     pass
 
@@ -213,12 +223,12 @@ class SnapshotStore:
         control = control_files(engine_dir)
         if control:
             more = f" and {len(control) - 5} more" if len(control) > 5 else ""
-            raise StoreError(f"{engine_dir} holds DVC or git control files, which no snapshot may hold: "
-                             f"{', '.join(control[:5])}{more}")
+            raise TreeRefused(engine_dir, f"the tree holds DVC or git control files, which no snapshot may hold: "
+                                          f"{', '.join(control[:5])}{more}")
         try:
             full = tree_hash(engine_dir)
         except TreeError as e:
-            raise StoreError(f"{engine_dir} cannot be stored as an engine tree: {e}") from None
+            raise TreeRefused(engine_dir, f"the tree cannot be stored as an engine tree: {e}") from None
         sid = full[: self.id_len]
         with self._lock():
             if self._manifest(sid).is_file():
@@ -239,7 +249,7 @@ class SnapshotStore:
                 raise StoreError(f"{engine_dir} could not be copied into the store: {e}") from None
             if changed:
                 shutil.rmtree(tmp)
-                raise StoreError(f"{engine_dir} changed while it was being stored; store it again")
+                raise TreeRefused(engine_dir, "the tree changed while it was being stored; store it again")
             os.rename(tmp, target)
             try:
                 entries = [{"path": rel, "sha256": file_sha256(target / rel), "size": (target / rel).stat().st_size,
