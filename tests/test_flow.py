@@ -373,3 +373,33 @@ def test_two_runs_started_at_once_in_one_output_dir_never_overwrite_each_others_
     assert state.is_failed() and state.message.startswith("refused before any work: "), state.message
     assert f"{out} holds a run" in state.message
     assert sorted(p.name for p in out.iterdir() if p.name != ".prefect") == [".run.lock", "config.json"]
+
+
+def test_two_chains_remembering_one_verdict_at_once_both_succeed(tmp_path):
+    """Two chains can reach the same candidate's verdict at the same moment; each write goes through a part file
+    of its own (one shared temporary name let one chain's rename take the other's file away mid-write)."""
+    import threading
+    from types import SimpleNamespace
+
+    from seis.session.reuse import VERDICTS, remember_verdict
+
+    config = SimpleNamespace(model_dump=lambda **_: {"preset": "full"})
+    result = SimpleNamespace(verdict="pass", hashes=SimpleNamespace(candidate_tree="t" * 64, evaluator_source="e"))
+    errors = []
+    (tmp_path / "run").mkdir()
+
+    def remember(session: Path) -> None:
+        try:
+            for _ in range(3000):
+                remember_verdict(config, session, result)
+        except Exception as e:  # noqa: BLE001  (any error of either chain fails the test)
+            errors.append(e)
+
+    chains = [threading.Thread(target=remember, args=(tmp_path / "run" / "chains" / c / "002",)) for c in ("c0", "c1")]
+    for t in chains:
+        t.start()
+    for t in chains:
+        t.join()
+    assert errors == []
+    entries = list((tmp_path / "run" / VERDICTS).iterdir())
+    assert len(entries) == 1 and json.loads(entries[0].read_text())["session"] in ("chains/c0/002", "chains/c1/002")

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import write_atomic
 from ..workspace.tree import TreeError, remove_tree
 
 VERDICTS = "verdicts"
@@ -106,6 +107,5 @@ def remember_verdict(gate_config, session_dir: Path, result) -> None:
     key = verdict_key(gate_config, result.hashes.candidate_tree, result.hashes.evaluator_source)
     index = root / VERDICTS
     index.mkdir(exist_ok=True)
-    tmp = index / f".{key}.tmp"
-    tmp.write_text(json.dumps({"session": str(Path(session_dir).relative_to(root))}) + "\n")
-    tmp.replace(index / f"{key}.json")
+    # a part file of its own: two chains can reach the same candidate's verdict at once
+    write_atomic(index / f"{key}.json", json.dumps({"session": str(Path(session_dir).relative_to(root))}) + "\n")
