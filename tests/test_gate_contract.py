@@ -77,6 +77,17 @@ def stop_ids_only_early(root: Path) -> Path:
                 "                                         or token not in self.params.stop_token_ids):\n")
 
 
+def stop_ids_only_early_diverging(root: Path) -> Path:
+    """stop_ids_only_early in an engine whose long greedy outputs leave the reference's at token 14 (the runner-up
+    taken there, as bf16 rounding at a near-tie does): one token in the late split's 300, within every rate, and the
+    reference's late stops are never reached, so only the stops in its own late output can show the bug."""
+    stop_ids_only_early(root)
+    return edit(root, H.ENGINE_PY, "                chosen[i] = sample(logits[i], r.params, r.generator)\n",
+                "                chosen[i] = sample(logits[i], r.params, r.generator)\n"
+                "            elif r.forced is None and r.params.max_new_tokens > 20 and len(r.output) == 14:\n"
+                "                chosen[i] = logits[i].topk(2).indices[1]\n")
+
+
 def eos_despite_ignore_eos(root: Path) -> Path:  # stops at an EOS even when told to ignore it
     return edit(root, H.ENGINE_PY,
                 "        stop = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else "
@@ -187,6 +198,7 @@ ONLY_POSITIONS = H.TINY_CHECKS.model_copy(update={"n_sampling_prompts": 0, "n_st
     pytest.param(ignore_top_k, ONLY_SAMPLING, "sampling.support", id="ignore_top_k"),
     pytest.param(ignore_stop_ids, ONLY_STOP, "stop_ids", id="ignore_stop_ids"),
     pytest.param(stop_ids_only_early, ONLY_STOP, "stop_ids", id="stop_ids_only_early"),
+    pytest.param(stop_ids_only_early_diverging, ONLY_STOP, "stop_ids", id="stop_ids_only_early_diverging"),
     pytest.param(eos_despite_ignore_eos, ONLY_SAMPLING, "sampling.support", id="eos_despite_ignore_eos"),
     pytest.param(rope_clamped_at_256, ONLY_POSITIONS, "late.decode.kl", id="rope_clamped_at_256"),
     pytest.param(sample_first_token_only, ONLY_SAMPLING, "sampling.sequence", id="sample_first_token_only"),
@@ -211,9 +223,14 @@ def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_
     if breaker is ignore_stop_ids:
         assert "did not end there" in failed.detail
     if breaker is stop_ids_only_early:
-        # every early stop ends right; the three late ones (positions 16, 64 and later) are run past
-        assert result.failed_checks == ["stop_ids"] and failed.value == 3
-        assert failed.detail.count("did not end there") == 3 and "at token 64 but" in failed.detail
+        # every early stop ends right; the three late ones (positions 16, 64 and later) are run past, and the same
+        # three in its own late output (fp32 on the CPU: its text is the reference's)
+        assert result.failed_checks == ["stop_ids"] and failed.value == 6
+        assert "did not end there" in failed.detail and "at token 64 but" in failed.detail
+    if breaker is stop_ids_only_early_diverging:
+        # the reference's late stops are never reached; its own three are, and run past
+        assert result.failed_checks == ["stop_ids"]
+        assert failed.detail.count("on its own late output") == failed.value == 3, failed.detail
     if breaker is eos_despite_ignore_eos:  # a sampled EOS ended one-token ignore_eos requests with "stop"
         assert "expected exactly 1 with finish 'length'" in failed.detail
     if breaker in (sample_first_token_only, sampled_decode_skips_layers):
@@ -233,7 +250,7 @@ def test_contract_breaker_fails_its_check(breaker, checks, check: str, prepared_
         assert not [n for n in result.failed_checks if n.startswith(("dev.", "heldout."))]  # short prompts: fine
     # greedy numerics are untouched by the sampling and stop-id breakers
     if breaker in (always_greedy, ignore_top_p, ignore_top_k, ignore_stop_ids, stop_ids_only_early,
-                   sample_first_token_only,
+                   stop_ids_only_early_diverging, sample_first_token_only,
                    sampled_decode_skips_layers, one_generator_per_engine, seeds_by_batch_position):
         assert not [n for n in result.failed_checks if n.endswith((".kl", ".top1", ".greedy_valid"))]
 

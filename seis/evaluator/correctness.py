@@ -107,6 +107,8 @@ class Runs:
     sequences: list[GenerationOut] | None = None
     sequences_reversed: list[GenerationOut | None] | None = None  # the same requests asked in reverse order
     stop: list[GenerationOut] | None = None
+    own_stop: StopPlan | None = None       # stops late in this engine's own late output (candidates only)
+    own_stop_out: list[GenerationOut | None] | None = None
 
 
 def _run_generations(engine: EngineHandle, wl: GateWorkloads, mixed: Mixed) -> tuple[Runs, list | None]:
@@ -503,6 +505,33 @@ def _stop_plan(sets: dict[str, PromptSet], runs: Runs, eos_ids: list[int], n: in
     return plan
 
 
+def _own_late_plan(late: PromptSet | None, own: list | None, eos_ids: list[int], vocab: int) -> StopPlan:
+    """Requests stopping late in an engine's OWN long greedy output (late_stop_positions on it), expecting its own
+    tokens through each stop. The reference's late stops test nothing once a candidate's text leaves the
+    reference's before them, as bf16 rounding at near-ties does in an engine whose kernels differ (the ten-entry
+    stack reached none of them on the GPU); asked alone, as its late output was made, an engine repeats its own
+    text and reaches every one, so one that honours stop ids only early runs past them however it rounds."""
+    plan = StopPlan([], [], [])
+    if late is None or not len(late) or not own or own[0] is None:
+        return plan
+    ids, eos = own[0].token_ids, set(eos_ids)
+    for j in late_stop_positions(ids, eos_ids):
+        _stop_request(plan, late.prompts[0], ids, j, eos, vocab)
+        plan.late.append(j)
+    return plan
+
+
+def _run_alone(engine: EngineHandle, prompts: list[list[int]], sampling: list[Sampling]) -> list | None:
+    """Each request in a call of its own (the composition its late output came from); None if any call failed."""
+    outs = []
+    for p, s in zip(prompts, sampling):
+        out = engine.generate([p], [s])
+        if out is None or len(out) != 1:
+            return None
+        outs.append(out[0])
+    return outs
+
+
 def _stop_violations(plan: StopPlan, outs: list | None, eos_ids: list[int]) -> list[str]:
     problems = answer_problems(len(plan.prompts), outs, "generate (stop-id batch)")
     return problems + stop_problems(_pick(outs, list(range(len(plan.prompts)))) if outs is not None else [],
@@ -511,21 +540,29 @@ def _stop_violations(plan: StopPlan, outs: list | None, eos_ids: list[int]) -> l
                                     [s.max_new_tokens for s in plan.sampling])
 
 
-def _stop_check(plan: StopPlan, outs: list | None, eos_ids: list[int]) -> CheckResult:
+def _stop_check(plan: StopPlan, outs: list | None, eos_ids: list[int], own: StopPlan | None = None,
+                own_outs: list | None = None) -> CheckResult:
     if not plan.prompts:
         return CheckResult.skip("stop_ids", "no reference output has a token first appearing at positions 2..8 "
                                             "(nor, where the late split runs, past position 16 of its output)")
+    own = own or StopPlan([], [], [])
     problems = _stop_violations(plan, outs, eos_ids)
-    result = CheckResult.rules("stop_ids", problems, len(plan.prompts))
+    if own.prompts:
+        problems += [f"on its own late output: {p}" for p in _stop_violations(own, own_outs, eos_ids)]
+    result = CheckResult.rules("stop_ids", problems, len(plan.prompts) + len(own.prompts))
     if not problems:
         hits = [o.token_ids == e and o.finish_reason == "stop" for o, e in zip(outs, plan.expected)]
         late = (f" ({len(plan.late)} stopping late, at output positions {', '.join(map(str, plan.late))}; "
                 f"{sum(hits[len(hits) - len(plan.late):])} of them reached)" if plan.late else "")
+        own_hits = sum(o.token_ids == e and o.finish_reason == "stop" for o, e in zip(own_outs or [], own.expected))
+        mine = (f"; {len(own.prompts)} more stopping late in the candidate's own late output (positions "
+                f"{', '.join(map(str, own.late))}), {own_hits} ended there" if own.prompts else "")
         result = result.model_copy(update={
             "detail": f"{len(plan.prompts)} requests with stop_token_ids{late}; {sum(hits)} ended exactly at the "
-                      f"reference's stop position with finish 'stop'",
+                      f"reference's stop position with finish 'stop'{mine}",
             "extra": {**result.extra, "late_requests": float(len(plan.late)),
-                      "late_reached": float(sum(hits[len(hits) - len(plan.late):]) if plan.late else 0)}})
+                      "late_reached": float(sum(hits[len(hits) - len(plan.late):]) if plan.late else 0),
+                      "own_late_requests": float(len(own.prompts)), "own_late_reached": float(own_hits)}})
     return result
 
 
@@ -544,7 +581,7 @@ def run_correctness(ref: EngineHandle, cand: EngineHandle, wl: GateWorkloads, co
     # (two engine processes), which halves the wall time of this phase.
     with ThreadPoolExecutor(2) as pool:
         cal_future = pool.submit(_calibration, ref, rp, th, eos_ids, vocab, wl.budget.max_seq_len)
-        cand_future = pool.submit(_candidate_runs, cand, wl, rp, th.top_k)
+        cand_future = pool.submit(_candidate_runs, cand, wl, rp, th.top_k, eos_ids, vocab)
         cal, (c, c_dev_in_mixed) = cal_future.result(), cand_future.result()
     checks = _checks(ref, wl, config, rp, c, c_dev_in_mixed, cal, eos_ids, vocab)
     return CorrectnessOutcome(checks, cal, _counts(wl, config.checks, rp))
@@ -646,9 +683,10 @@ def _calibration(ref: EngineHandle, rp: _ReferencePass, th: GateThresholds, eos_
                      requests=len(batched_gen), splits=splits, sampling=sampling)
 
 
-def _candidate_runs(cand: EngineHandle, wl: GateWorkloads, rp: _ReferencePass, top_k: int) -> tuple[Runs, list]:
-    """The candidate's replies to the reference's calls, in the same compositions; and its dev outputs from the
-    mixed batch (the consistency check)."""
+def _candidate_runs(cand: EngineHandle, wl: GateWorkloads, rp: _ReferencePass, top_k: int, eos_ids: list[int],
+                    vocab: int) -> tuple[Runs, list]:
+    """The candidate's replies to the reference's calls, in the same compositions, and its stops late in its own
+    late output; and its dev outputs from the mixed batch (the consistency check)."""
     c, c_mixed = _run_generations(cand, wl, rp.mixed)
     _run_extra(cand, c, rp.extra)
     _run_scores(cand, c, rp.every, rp.forced, top_k)
@@ -657,6 +695,9 @@ def _candidate_runs(cand: EngineHandle, wl: GateWorkloads, rp: _ReferencePass, t
     c.sequences = cand.generate(rp.sequence_prompts, rp.sequence_params) if rp.sequence_prompts else []
     c.sequences_reversed = _reversed_sequences(cand, rp) if rp.sequence_prompts else []
     c.stop = cand.generate(rp.stop.prompts, rp.stop.sampling) if rp.stop.prompts else []
+    if rp.stop.prompts:
+        c.own_stop = _own_late_plan(rp.extra.get("late"), c.gen.get("late"), eos_ids, vocab)
+        c.own_stop_out = _run_alone(cand, c.own_stop.prompts, c.own_stop.sampling)
     return c, _pick(c_mixed, rp.mixed.dev_at)
 
 
@@ -690,7 +731,7 @@ def _checks(ref: EngineHandle, wl: GateWorkloads, config: GateConfig, rp: _Refer
         why = f"the vocabulary ({vocab}) is too small for a top-{SAMPLING_TOP} target"
         checks += [CheckResult.skip("sampling.support", why), CheckResult.skip("sampling.tv", why)]
     if sizes.n_stop:
-        checks.append(_stop_check(rp.stop, c.stop, eos_ids))
+        checks.append(_stop_check(rp.stop, c.stop, eos_ids, c.own_stop, c.own_stop_out))
     return checks
 
 
