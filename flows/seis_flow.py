@@ -41,7 +41,7 @@ from seis.session.progress import best_record, pick_best_of_run, run_failure
 from seis.session.status import REFUSED
 from seis.session.protocol import gather_peers, pin_vanilla
 from seis.session.resources import scratch
-from seis.session.resume import clear, finished
+from seis.session.resume import clear, finished, keep_only
 from seis.session.rounds import run_rounds
 from seis.session.status import FINISHED_FAILED_NOTE
 from seis.store import SnapshotStore
@@ -225,6 +225,9 @@ class TaskSessions:
         if self.config.dispatch == "workers":
             adopt_recorded(self.store, session_dir)
         return finished(session_dir, self.store)
+
+    def keep_only(self, kept: set[tuple[str, int]]) -> None:
+        keep_only(self.run.root, kept)
 
     def fan_in(self, states: dict[str, ChainState], session: int):
         with tags(*run_tags(session=session), "fan-in"):

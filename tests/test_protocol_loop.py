@@ -73,6 +73,9 @@ class FakeRunner:
     def show_recorded(self, outcome):
         self.shown.append((outcome.chain, outcome.session))
 
+    def keep_only(self, kept):
+        self.kept = set(kept)
+
     def parents(self) -> dict[tuple[str, int], str]:
         return {k: s.parent_snapshot for k, s in self.specs.items()}
 
@@ -180,6 +183,7 @@ def test_a_resumed_run_keeps_what_still_follows_and_is_the_run_that_would_have_h
     assert [c for c in runner.calls if c[0] == "fan-in"] == ([("fan-in", 1), ("fan-in", 2)]
                                                              if protocol == "sync-chain" else [])
     assert done.outcomes == whole.outcomes and done.states == whole.states and not done.failures
+    assert runner.kept == {k for k in recorded if k not in redone[protocol]}   # told before any session ran
 
 
 def test_a_sync_round_recorded_whole_needs_no_fan_in_and_a_fresh_run_reads_no_records():

@@ -125,7 +125,7 @@ def session_line(outcome: SessionOutcome, notes: str, noise: GainNoise = GainNoi
 
 def progress_line(session_dir: Path, notes: str, outcome: SessionOutcome) -> str:
     """The session line of a session just recorded in its run directory; the best so far is picked, as best.json
-    will be, from every outcome the run directory holds now (a resumed run's stale ones included until redone)."""
+    will be, from every outcome the run directory holds now (a resumed run's stale ones are set aside as it starts)."""
     from .resume import recorded_outcomes
     from .rundir import run_root_of
 

@@ -29,9 +29,25 @@ def save_outcome(session_dir: Path, outcome: SessionOutcome) -> Path:
     return path
 
 
+STALE_OUTCOME_FILE = "outcome.stale.json"   # an outcome a resume does not keep (its session is redone)
+
+
+def keep_only(root: Path, kept: set[tuple[str, int]]) -> None:
+    """A resume, before any session runs: every recorded outcome but `kept` (chain, session) is set aside as
+    outcome.stale.json (not deleted: the session's files stay, for a reader, until its redo clears them), then
+    sessions_done is counted again. A stale outcome left as outcome.json would count as done until its round
+    came, show as the best so far, and be kept by the next resume if this one were interrupted first. The
+    recount also corrects a count that a crash between an outcome's write and its count left behind."""
+    for path in sorted((Path(root) / "chains").glob(f"*/*/{OUTCOME_FILE}")):
+        chain, session = path.parent.parent.name, path.parent.name
+        if not (session.isdigit() and (chain, int(session)) in kept):
+            path.replace(path.with_name(STALE_OUTCOME_FILE))
+    count_sessions_done(root, RunDir(root).sessions_recorded)
+
+
 def recorded_outcomes(root: Path) -> list[SessionOutcome]:
     """Every outcome recorded in a run directory so far, in session then chain order (a resumed run's stale ones
-    included until they are redone)."""
+    are set aside as it starts: keep_only)."""
     outcomes = [o for o in (load_outcome(p.parent) for p in (Path(root) / "chains").glob(f"*/*/{OUTCOME_FILE}"))
                 if o is not None]
     return sorted(outcomes, key=lambda o: (o.session, len(o.chain), o.chain))  # c2 before c10

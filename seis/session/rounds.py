@@ -4,7 +4,8 @@ fan-in, what an earlier attempt recorded) goes through a SessionRunner; the `sei
 
 Every round (session index) of every chain, in order:
 1. resume: a session an earlier attempt finished is kept when it still follows from the run's state
-   (resume.still_valid: the same parent; no earlier session it depends on redone), else it is redone;
+   (resume.still_valid: the same parent; no earlier session it depends on redone), else it is redone; which ones
+   are kept is decided before any session runs (standing_outcomes), and the others stop counting as done;
 2. before every N-th session (sync-chain), if any session of the round is to run, the fan-in: it gets every
    chain's state after the previous round and hands each chain what its session then starts with;
 3. the round's sessions run together, each from its parent (branching: vanilla; chain, sync-chain: its chain's
@@ -48,6 +49,10 @@ class SessionRunner(Protocol):
     def show_recorded(self, outcome: SessionOutcome) -> None:
         """A session an earlier attempt finished is kept: show it in this run as it was shown there."""
 
+    def keep_only(self, kept: set[tuple[str, int]]) -> None:
+        """Resume, before any session runs: every recorded outcome but these (chain, session) is stale (its session
+        is redone) and must no longer count as done."""
+
 
 @dataclass(frozen=True)
 class Rounds:
@@ -64,6 +69,27 @@ def parent_snapshot(config: RunConfig, vanilla: str, states: dict[str, ChainStat
     return vanilla if upstream_is_vanilla(config) else states[chain].snapshot
 
 
+def standing_outcomes(config: RunConfig, runner: SessionRunner, vanilla: str) -> dict[tuple[str, int], SessionOutcome]:
+    """The recorded outcomes a resumed run keeps: the loop's own rule (resume.still_valid) applied round by round to
+    the records alone. It needs nothing the redone sessions produce: once a chain has a session redone, none of its
+    later records stands (chain; sync-chain: no chain's, through the fan-ins), whatever the redone one yields."""
+    states = initial_states(config, vanilla)
+    kept: dict[tuple[str, int], SessionOutcome] = {}
+    redone: set[str] = set()
+    for session in range(config.sessions):
+        round_kept = {}
+        for chain in config.chain_ids():
+            outcome = runner.recorded(chain, session)
+            if outcome is not None and still_valid(outcome, config.protocol,
+                                                   parent_snapshot(config, vanilla, states, chain), redone):
+                round_kept[chain] = outcome
+        redone |= set(config.chain_ids()) - set(round_kept)   # after the round, as the loop adds them
+        for chain, outcome in round_kept.items():
+            kept[chain, session] = outcome
+            states[chain] = states[chain].after(outcome)
+    return kept
+
+
 def run_rounds(config: RunConfig, runner: SessionRunner, resumed: bool = False) -> Rounds:
     """Every round in order: the recorded sessions kept (resume), the fan-in if due, the other sessions run, every
     chain's state updated; stops after the first round in which a session reached no outcome."""
@@ -72,14 +98,15 @@ def run_rounds(config: RunConfig, runner: SessionRunner, resumed: bool = False) 
     chains = config.chain_ids()
     outcomes: list[SessionOutcome] = []
     failures: list[str] = []
-    redone: set[str] = set()
+    kept: dict[tuple[str, int], SessionOutcome] = {}
+    if resumed:
+        # Decided up front, not round by round: until a stale outcome's round came, it was still on disk and
+        # counted as done (status.json's sessions_done, the best so far), and a run interrupted again before that
+        # round kept it on its next resume, when the redone session before it left the same parent snapshot.
+        kept = standing_outcomes(config, runner, vanilla)
+        runner.keep_only(set(kept))
     for session in range(config.sessions):
-        recorded = {}
-        for chain in chains:
-            outcome = runner.recorded(chain, session) if resumed else None
-            if outcome is not None and still_valid(outcome, config.protocol,
-                                                   parent_snapshot(config, vanilla, states, chain), redone):
-                recorded[chain] = outcome
+        recorded = {chain: kept[chain, session] for chain in chains if (chain, session) in kept}
         todo = [c for c in chains if c not in recorded]
         peers: Mapping[str, object] = {}
         if config.is_sync_point(session) and todo:
@@ -90,7 +117,6 @@ def run_rounds(config: RunConfig, runner: SessionRunner, resumed: bool = False) 
                 outcome = recorded[chain]
                 runner.show_recorded(outcome)
             else:
-                redone.add(chain)
                 result = results[chain]
                 if result.outcome is None:
                     failures.append(result.failure)
