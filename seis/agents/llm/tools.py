@@ -13,7 +13,6 @@ descriptor (_open_file), and the agent's search pattern runs in a child process 
 from __future__ import annotations
 
 import errno
-import fnmatch
 import json
 import math
 import os
@@ -273,9 +272,17 @@ class Toolbox:
             limit = min(limit, left)
         notes: list[str] = []
         one_file = not stat.S_ISDIR(os.stat(base).st_mode)  # a FIFO or link there: refused by _open_file
-        files = [base] if one_file else (
-            f for f in _files_under(self.root, base, notes)
-            if not glob or _glob_match(PurePosixPath(f.relative_to(base).as_posix()), glob))
+        t0, whole = time.monotonic(), limit
+        files = [base] if one_file else list(_files_under(self.root, base, notes))  # at most MAX_VISIT
+        if glob and not one_file:
+            # The glob is the agent's pattern too: fnmatch turns it into a regex, and '*' before a long run of
+            # '[!b]' takes time quadratic in each path, in re's C code. So it is matched by the same kind of
+            # child as the pattern, within the same limit.
+            keep = _glob_filter([f.relative_to(base).as_posix() for f in files], glob, limit)
+            files = [f for f, k in zip(files, keep) if k]
+            limit -= time.monotonic() - t0
+            if limit <= 0:
+                raise _too_slow(whole)
         names: list[str] = []
         budget = MAX_SEARCH_BYTES
         with tempfile.TemporaryFile() as payload:  # what the matcher reads: this process's file, not the agent's
@@ -426,21 +433,55 @@ sys.stdout.write(json.dumps({"hits": hits, "cut": cut}))
 """
 
 
-def _match(payload: IO[bytes], timeout_s: float) -> tuple[list[tuple[int, int, str]], bool]:
-    """(hits as (file index, line, text), whether cut at MAX_MATCHES) of the search payload, by _MATCHER. A child
-    process because Python's re cannot be interrupted: a catastrophic pattern would otherwise freeze this whole
-    process (every session's thread). The child runs no agent code and starts nothing, so killing it at the limit
-    (subprocess.run kills and reaps it) leaves nothing behind; its output is at most MAX_MATCHES short lines."""
-    cmd = [sys.executable, "-I", "-S", "-c", _MATCHER, str(math.ceil(timeout_s) + 1), str(SEARCH_CHILD_MEMORY)]
+# The glob half of search, run the same way: input one JSON value [glob, [relative path, ...]], output a JSON list
+# of booleans. The same rule as Path.rglob would take it: '*.py' matches at any depth, 'engine/*.py' by its last
+# parts, a leading '**/' matches any parent.
+_GLOB_MATCHER = r"""
+import fnmatch, json, resource, sys
+from pathlib import PurePosixPath
+cpu_s, memory = int(sys.argv[1]), int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+glob, names = json.loads(sys.stdin.buffer.read())
+while glob.startswith("**/"):
+    glob = glob[3:]
+sys.stdout.write(json.dumps([bool(glob) and (PurePosixPath(n).match(glob) or fnmatch.fnmatchcase(n, glob))
+                             for n in names]))
+"""
+
+
+def _too_slow(timeout_s: float) -> ToolError:
+    return ToolError(f"the search took longer than {timeout_s:g} s and was stopped; simplify the pattern "
+                     "(nested repetition such as (a+)+ can take exponential time) or glob, or narrow path/glob")
+
+
+def _child(script: str, stdin: IO[bytes] | bytes, timeout_s: float) -> dict | list:
+    """The JSON output of a matcher script run by a fresh interpreter (-I -S, empty environment) on stdin. A child
+    process because Python's re cannot be interrupted: a catastrophic pattern would otherwise hold this whole
+    process (every session's thread) past every limit. The child runs no agent code and starts nothing, so killing
+    it at the limit (subprocess.run kills and reaps it) leaves nothing behind."""
+    cmd = [sys.executable, "-I", "-S", "-c", script, str(math.ceil(timeout_s) + 1), str(SEARCH_CHILD_MEMORY)]
+    feed = {"input": stdin} if isinstance(stdin, bytes) else {"stdin": stdin}
     try:
-        done = subprocess.run(cmd, stdin=payload, capture_output=True, timeout=timeout_s, cwd="/", env={})
+        done = subprocess.run(cmd, capture_output=True, timeout=max(timeout_s, 0.01), cwd="/", env={}, **feed)
     except subprocess.TimeoutExpired:
-        raise ToolError(f"the search took longer than {timeout_s:g} s and was stopped; simplify the pattern "
-                        "(nested repetition such as (a+)+ can take exponential time) or narrow path/glob") from None
+        raise _too_slow(timeout_s) from None
     if done.returncode != 0:
         why = (done.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise ToolError(f"the search failed ({why[:300]}); simplify the pattern or narrow path/glob")
-    out = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def _glob_filter(names: list[str], glob: str, timeout_s: float) -> list[bool]:
+    """Which of names (paths under the searched directory) the glob selects, by _GLOB_MATCHER."""
+    return _child(_GLOB_MATCHER, json.dumps([glob, names]).encode(), timeout_s) if names else []
+
+
+def _match(payload: IO[bytes], timeout_s: float) -> tuple[list[tuple[int, int, str]], bool]:
+    """(hits as (file index, line, text), whether cut at MAX_MATCHES) of the search payload, by _MATCHER; its
+    output is at most MAX_MATCHES short lines."""
+    out = _child(_MATCHER, payload, timeout_s)
     if "error" in out:
         raise ToolError(out["error"])
     return [tuple(h) for h in out["hits"]], out["cut"]
@@ -455,14 +496,6 @@ def _check_glob(glob: str | None) -> None:
     if os.path.isabs(glob) or glob.startswith("~") or ".." in PurePosixPath(glob.replace("\\", "/")).parts:
         raise ToolError(f"refused: glob {glob!r} leaves the searched directory ('..' or an absolute path); "
                         "use a pattern such as '*.py' or 'engine/*.py' and the path argument")
-
-
-def _glob_match(rel_path: PurePosixPath, glob: str) -> bool:
-    """Whether a file (its path under the searched directory) matches the glob as Path.rglob would take it:
-    '*.py' matches at any depth, 'engine/*.py' by its last parts, a leading '**/' matches any parent."""
-    while glob.startswith("**/"):
-        glob = glob[3:]
-    return bool(glob) and (rel_path.match(glob) or fnmatch.fnmatchcase(rel_path.as_posix(), glob))
 
 
 def _files_under(root: Path, base: Path, notes: list[str]) -> Iterator[Path]:
