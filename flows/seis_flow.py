@@ -155,10 +155,12 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
     total = config.chains * config.sessions
     run.set_status("running", restart=True, flow_run_id=flow_run_id, sessions_total=total, message="",
                    resumes=(old.resumes + 1) if (resumed and old is not None) else 0)
-    with scratch(run.root) as scratch_root:
-        registry().add_run(flow_run_id, run.root, scratch_root)
-        interrupted = False
-        try:
+    interrupted = False
+    # The run's state is settled for whatever goes wrong once status.json says running: the scratch dir and the
+    # registry entry too (a full /tmp, an unwritable PREFECT_HOME) failed the run while it kept reading running.
+    try:
+        with scratch(run.root) as scratch_root:
+            registry().add_run(flow_run_id, run.root, scratch_root)
             with interrupt_on_exit_signal():   # a gate in flight ends now, not when Prefect's threads are joined
                 vanilla, outcomes, failures = _sessions(config, run, resumed)
             if failures:
@@ -170,22 +172,23 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
             failure = run_failure(outcomes)  # every session finished, yet nothing was judged: after the artifacts
             result = _finish(config, run, vanilla, outcomes, failure)
             if failure:
-                _set_failed(run, flow_run_id, sessions_done=len(outcomes), message=failure, note=FINISHED_FAILED_NOTE)
+                _set_failed(run, flow_run_id, sessions_done=len(outcomes), message=failure,
+                            note=FINISHED_FAILED_NOTE)
                 print(f"run failed: {failure}")
                 return Failed(message=failure)
             run.set_status("complete", flow_run_id=flow_run_id, sessions_done=len(outcomes))
             return result
-        except Exception as e:
-            _set_failed(run, flow_run_id, sessions_done=run.sessions_recorded(), message=f"{type(e).__name__}: {e}")
-            raise
-        except BaseException as e:  # interrupted (SIGTERM, Ctrl-C): the run is resumable
-            run.set_status("crashed", flow_run_id=flow_run_id, sessions_done=run.sessions_recorded(),
-                           message=f"interrupted ({type(e).__name__})")
-            interrupted = True      # its registry entry is left to the flow's hooks: a cancellation says so there
-            raise
-        finally:
-            if not interrupted:
-                registry().drop_run(flow_run_id)
+    except Exception as e:
+        _set_failed(run, flow_run_id, sessions_done=run.sessions_recorded(), message=f"{type(e).__name__}: {e}")
+        raise
+    except BaseException as e:  # interrupted (SIGTERM, Ctrl-C): the run is resumable
+        run.set_status("crashed", flow_run_id=flow_run_id, sessions_done=run.sessions_recorded(),
+                       message=f"interrupted ({type(e).__name__})")
+        interrupted = True      # its registry entry is left to the flow's hooks: a cancellation says so there
+        raise
+    finally:
+        if not interrupted:
+            registry().drop_run(flow_run_id)
 
 
 def _set_failed(run: RunDir, flow_run_id: str, **values) -> None:
