@@ -63,3 +63,87 @@ def test_a_glob_still_selects_files_as_before(tmp_path):
         out = box.call("search", {"pattern": "needle", "glob": glob})
         found = {line.split(":", 1)[0] for line in out.text.splitlines() if ":" in line}
         assert found == expect, (glob, out.text)
+
+
+# --- one turn's tool calls: how many, and until when ------------------------------------------------------------
+
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+from llm_fakes import FakeAPI, Reply  # noqa: E402
+from seis.agents import SessionContext  # noqa: E402
+from seis.agents.llm import LLMSettings  # noqa: E402
+from seis.agents.llm.agent import LLMAgent  # noqa: E402
+from seis.engine_import import ENGINE_TEMPLATE  # noqa: E402
+from seis.workspace import prepare_workspace  # noqa: E402
+
+KEY = "fake-key-0123456789-do-not-log"
+
+
+@pytest.fixture
+def use_api(monkeypatch):
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY",
+                 "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+    def use(api: FakeAPI) -> None:
+        prefix = "ANTHROPIC" if api.kind == "anthropic" else "OPENAI"
+        monkeypatch.setenv(f"{prefix}_API_KEY", KEY)
+        monkeypatch.setenv(f"{prefix}_BASE_URL", api.base_url)
+    return use
+
+
+def _sdk_agent(kind: str, bench=None, **kw) -> LLMAgent:
+    settings = {"model": "claude-haiku-4-5" if kind == "anthropic" else "gpt-4.1", "max_retries": 0, **kw}
+    return LLMAgent(LLMSettings(kind, **settings), dev_benchmark=bench or (lambda root: "table"))
+
+
+def _events(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "session" / "transcript.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+def test_one_turn_cannot_run_an_unbounded_number_of_tool_calls(tmp_path, use_api, kind):
+    """max_turns bounds API calls, not what one reply asks for: a reply of 2,000 read_file calls of an 8 MiB file
+    made SEIS read 16 GB, hold 120 M characters of results in memory (sent again with every later request) and
+    redact them all, in one turn. Calls past the per-turn bound are answered with an error, not run; finish is
+    still taken."""
+    from seis.agents.llm.agent import MAX_TOOL_CALLS_PER_TURN
+    ws = prepare_workspace(ENGINE_TEMPLATE, tmp_path / "session" / "workspace", [], [])
+    (ws.root / "engine" / "big.py").write_text(("x = 1\n" * 100_000))
+    calls = tuple(("read_file", {"path": "engine/big.py"}) for _ in range(2000))
+    with FakeAPI(kind, [Reply(calls=calls), Reply(calls=(("finish", {"report": "done"}),))]) as api:
+        use_api(api)
+        result = _sdk_agent(kind).edit(ws, SessionContext("c0", 0))
+    tools = [e for e in _events(tmp_path) if e["type"] == "tool"]
+    ran = [e for e in tools if e["name"] == "read_file" and not e["is_error"]]
+    assert len(ran) == MAX_TOOL_CALLS_PER_TURN <= 64, len(ran)
+    refused = [e for e in tools if e["name"] == "read_file" and e["is_error"]]
+    assert len(refused) == 2000 - MAX_TOOL_CALLS_PER_TURN and "not run" in refused[0]["result"]
+    # every call still gets its answer (both APIs want one per call id), and the session goes on to finish
+    assert len(api.requests) == 2 and "end=finish" in result.notes, result.notes
+    sent = json.dumps(api.requests[1].body)
+    assert len(sent) < 8 * 2**20, len(sent)
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+def test_no_tool_changes_the_tree_after_the_sessions_time_is_spent(tmp_path, use_api, kind):
+    """The wall clock is checked before each API call, and by the shell, search and benchmark tools; the file
+    tools ran whatever the time. A reply that puts a dev benchmark (which runs until the session's deadline)
+    before its writes edited the tree after the session's end: the gate judged a tree written past its budget.
+    Past the deadline no tool runs but finish."""
+    ws = prepare_workspace(ENGINE_TEMPLATE, tmp_path / "session" / "workspace", [], [])
+
+    def bench(root):  # the real one is bounded by the session's deadline (until()): it ends at it
+        time.sleep(3.0)
+        return "table"
+    calls = (("dev_benchmark", {}),) + tuple(("write_file", {"path": f"engine/late_{i}.py", "content": "x"})
+                                             for i in range(5)) + (("finish", {"report": "late"}),)
+    with FakeAPI(kind, [Reply(calls=calls)]) as api:
+        use_api(api)
+        result = _sdk_agent(kind, bench=bench, wall_s=2.0).edit(ws, SessionContext("c0", 0))
+    assert not list((ws.root / "engine").glob("late_*.py")), "files were written after the session's end"
+    writes = [e for e in _events(tmp_path) if e["type"] == "tool" and e["name"] == "write_file"]
+    assert len(writes) == 5 and all(e["is_error"] and "time" in e["result"] for e in writes)
+    assert "end=finish" in result.notes and "late" in result.report_markdown

@@ -36,6 +36,11 @@ TRANSCRIPT = "transcript.jsonl"
 NUDGE = ("You replied without calling a tool. Continue with the tools, or end the session by calling "
          "finish(report=..., changes=[...], lessons=[...]).")
 MAX_NUDGES = 1  # after that, a tool-less reply is taken as the report
+# Tool calls one reply may have run. max_turns bounds API calls, not what one reply asks for: 2,000 read_file calls
+# in one reply read 16 GB and held 120 M characters of results (redacted, logged, and sent again with every later
+# request). Calls past it are answered with an error, not run (both APIs want an answer per call id); finish is
+# always taken.
+MAX_TOOL_CALLS_PER_TURN = 32
 
 ConversationFactory = Callable[[LLMSettings, Prompt], Conversation]
 
@@ -212,9 +217,16 @@ class LLMAgent:
                 conv.nudge(NUDGE)
                 continue
             results: list[tuple] = []
+            run = 0
             for call in turn.calls:
-                out = (ToolOutcome(f"{call.name}: {call.error}", True) if call.error is not None
-                       else toolbox.call(call.name, call.args))
+                run += call.name != "finish"
+                if call.error is not None:
+                    out = ToolOutcome(f"{call.name}: {call.error}", True)
+                elif run > MAX_TOOL_CALLS_PER_TURN:
+                    out = ToolOutcome(f"{call.name}: not run: one reply may run at most {MAX_TOOL_CALLS_PER_TURN} "
+                                      "tool calls; ask again in the next turn", True)
+                else:
+                    out = toolbox.call(call.name, call.args)
                 transcript.log("tool", id=call.id, name=call.name, args=call.args, is_error=out.is_error,
                                result=out.text)
                 if out.finish is not None:

@@ -188,6 +188,11 @@ class Toolbox:
         method = getattr(self, f"_t_{name}", None) if name in _DEFINITIONS else None
         if method is None:
             return ToolOutcome(f"unknown tool {name!r}; tools: {', '.join(t.name for t in TOOL_DEFINITIONS)}", True)
+        if name != "finish" and (left := self._left()) is not None and left <= 0:
+            # One reply's calls run one after the other: a write after a call that ran until the deadline (a dev
+            # benchmark, a shell command) changed the tree the gate judges after the session's end. Only finish
+            # (the report) is taken then.
+            return ToolOutcome(f"{name}: not run, the session's time is spent; call finish", True)
         why = check_arguments(_DEFINITIONS[name], args)
         if why is not None:
             return ToolOutcome(f"{name}: {why}", True)
