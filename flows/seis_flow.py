@@ -34,7 +34,8 @@ from seis.run_config import RunConfig
 from seis.sandbox import interrupt_on_exit_signal
 from seis.session import ChainState, RunDir, SessionOutcome, SessionResult, session_spec, upstream_is_vanilla
 from seis.session.dispatch import adopt_recorded, peer_refs, session_request
-from seis.session.display import rounded, run_label, run_tags, session_markdown, summary_artifact_markdown
+from seis.session.display import (postval_flags_line, rounded, run_label, run_tags, session_markdown,
+                                  summary_artifact_markdown)
 from seis.session.params import ParameterError, described, resolve_config, with_run_parameters
 from seis.session.preflight import preflight_run
 from seis.session.progress import best_record, pick_best_of_run, run_failure
@@ -170,13 +171,13 @@ def _run(config: RunConfig, run: RunDir, resumed: bool, flow_run_id: str):
                 return Failed(message=f"{message} (the finished sessions are recorded; continue with "
                                       f"{RESUME_HINT.format(out=run.root)})")
             failure = run_failure(outcomes)  # every session finished, yet nothing was judged: after the artifacts
-            result = _finish(config, run, vanilla, outcomes, failure)
+            result, flagged = _finish(config, run, vanilla, outcomes, failure)
             if failure:
                 _set_failed(run, flow_run_id, sessions_done=len(outcomes), message=failure,
                             note=FINISHED_FAILED_NOTE)
                 print(f"run failed: {failure}")
                 return Failed(message=failure)
-            run.set_status("complete", flow_run_id=flow_run_id, sessions_done=len(outcomes))
+            run.set_status("complete", flow_run_id=flow_run_id, sessions_done=len(outcomes), message=flagged)
             return result
     except Exception as e:
         _set_failed(run, flow_run_id, sessions_done=run.sessions_recorded(), message=f"{type(e).__name__}: {e}")
@@ -322,24 +323,31 @@ def _recorded_artifact(outcome, run: RunDir) -> None:
                                          f"{run.root.name}: {outcome.verdict} (recorded)")
 
 
-def _finish(config: RunConfig, run: RunDir, vanilla: str, outcomes, failure: str | None = None) -> str:
+def _finish(config: RunConfig, run: RunDir, vanilla: str, outcomes, failure: str | None = None) -> tuple[str, str]:
+    """Summary, figures, best.json, post-validation and artifacts; returns the run directory and what the
+    post-validation flagged about the best engine ('' if nothing)."""
     rows = [o.summary_row() for o in outcomes]
     run.write_summary(rows)
     figure = run.write_chain_figure()
     run.write_timeline()
     best, best_within_noise = pick_best_of_run(run.root, outcomes)   # a gain within noise ranks as 1.0x
     run.write_best(best_record(best, best_within_noise))
+    flagged = ""
     if config.post_validate != "off" and best is not None:
         postval_dir = run.root / "postval"
         clear(postval_dir)                       # an interrupted post-validation is redone whole
-        post_validate_task(quote(config), quote(best.snapshot), quote(vanilla),
-                           quote(best.dev_speedup_vs_vanilla), quote(postval_dir))
+        checked = post_validate_task(quote(config), quote(best.snapshot), quote(vanilla),
+                                     quote(best.dev_speedup_vs_vanilla), quote(postval_dir))
+        # Its flags (accuracy beyond bounds, timed outputs that disagree with vanilla's, a cut context) were only in
+        # postval/ files: the run said complete and named its best engine with no word of them.
+        flagged = postval_flags_line(best.snapshot, checked.get("flags") or [], postval_dir)
+        if flagged:
+            print(flagged)
     summary_md = (run.root / "summary.md").read_text()
     create_markdown_artifact(summary_artifact_markdown(config.run_id, config.protocol, run.root, summary_md, figure,
-                                                       best, best_within_noise, failure),
+                                                       best, best_within_noise, failure, flagged),
                              key=stable_key("summary"), description=f"SEIS {config.protocol} run {config.run_id}")
     create_table_artifact([rounded(r) for r in rows], key=stable_key("sessions"),
                           description=f"SEIS {config.protocol} run {config.run_id}: one row per session")
     print(summary_md)
-    return str(run.root)
-
+    return str(run.root), flagged

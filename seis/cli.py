@@ -261,7 +261,15 @@ def evolve(
         return
     if not state.is_completed():  # one line, not the tracebacks (those are in the task runs' logs)
         _fail(f"{state.message or f'the run ended {state.name}'}{_after_failure(config.out, state.message)}", code=1)
+    recorded = _status(config.out)
+    if recorded is not None and recorded.message:  # e.g. what post-validation flagged about the best engine
+        typer.secho(f"note: {printable(recorded.message)}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"run directory: {printable(state.result())}")
+
+
+def _status(out: Path):
+    from .session.status import read_status
+    return read_status(out)
 
 
 def _completed(out: Path) -> bool:

@@ -81,14 +81,25 @@ def session_markdown(outcome: SessionOutcome, measurements: str, session_dir: Pa
     return "\n".join(lines) + "\n"
 
 
+def postval_flags_line(snapshot: str, flags: list[str], postval_dir: Path) -> str:
+    """One line naming what the post-validation of the best engine flagged ('' when nothing): said where the run
+    names its best engine (its log, status.json's message, the summary artifact), not only in postval/."""
+    if not flags:
+        return ""
+    return tables.printable(f"post-validation flagged the best engine {snapshot}: {'; '.join(flags)} "
+                            f"(see {postval_dir})", multiline=False)
+
+
 def summary_artifact_markdown(run_id: str, protocol: str, run_root: Path, summary_md: str, figure: Path | None,
                               best: SessionOutcome | None, best_within_noise: bool = False,
-                              failure: str | None = None) -> str:
+                              failure: str | None = None, flagged: str = "") -> str:
     """The run's summary artifact: what ran (and why it failed, when it did), the best retained engine, the chain
     figure and the summary table."""
     noise = " (within noise: no gain shown beyond its gate's noise)" if best_within_noise else ""
     best_line = (f"Best retained engine: `{best.snapshot}` ({run_label(best.chain, best.session)}, dev speedup vs "
                  f"vanilla {_x(best.dev_speedup_vs_vanilla)}{noise})" if best else "No engine was retained.")
+    if flagged:
+        best_line += f"\n\n**Post-validation flagged it:**\n\n{fence(flagged)}"
     if failure:  # it can quote what an agent or an engine said: text in a fence
         best_line = f"**Run failed:**\n\n{fence(tables.printable(failure))}\n\n{best_line}"
     return "\n".join([
