@@ -98,6 +98,45 @@ def score_retrieval_items(engine: EngineName, items: Sequence[RetrievalItem], pr
     ]
 
 
+# An answer sits at the end of its output (GSM8K's is the number after the last "####", or the last number; a
+# retrieval reply is a few tokens): every one of an output's last ANSWER_TAIL tokens must be vanilla's own pick.
+ANSWER_TAIL = 16
+
+
+def unbacked_answers(scorer: Any, prompts: Sequence[Sequence[int]], cand: Sequence[Output], van: Sequence[Output],
+                     correct: Sequence[bool], margin: float, min_valid: float, max_new: int, context: int,
+                     eos_ids: Sequence[int]) -> list[bool]:
+    """Per item: whether the candidate's correct answer is one its model did not produce. The accuracy prompts are
+    the public questions as they are, so a candidate can recognise them and answer from a table in its tree (or pull
+    a retrieval value out of the prompt) while its model is wrong or never ran. Vanilla scores the candidate's own
+    output teacher-forced (scorer: speed.VanillaScorer): an answer is backed when at least min_valid of its tokens,
+    and every one of its last ANSWER_TAIL, are vanilla's top-1 within `margin` nats (the gate's near-tie rule: a bf16
+    engine that rounds differently stays backed); a final EOS is left out (its noise is the stop margin's business).
+    An output token-identical to vanilla's is vanilla's own and needs no scoring; wrong answers gain nothing."""
+    ask = [i for i, (c, v, ok) in enumerate(zip(cand, van, correct, strict=True)) if ok and c.token_ids != v.token_ids]
+    out = [False] * len(cand)
+    judged = []
+    for i in ask:
+        ids = cand[i].token_ids
+        if not ids or len(ids) > max_new or len(prompts[i]) + len(ids) > context:
+            out[i] = True  # an answer in tokens beyond what the request allowed is not the model's
+        else:
+            judged.append(i)
+    scores = scorer.score([list(prompts[i]) for i in judged], [cand[i].token_ids for i in judged], 1) if judged else []
+    for i, sc in zip(judged, scores, strict=True):
+        ok = [lp >= top[0] - margin for lp, top in zip(sc.token_logprobs, sc.top_logprobs, strict=True)]
+        if cand[i].finish_reason == "stop" and cand[i].token_ids[-1] in eos_ids:
+            ok = ok[:-1]
+        out[i] = bool(ok) and (sum(ok) < min_valid * len(ok) - 1e-9 or not all(ok[-ANSWER_TAIL:]))
+    return out
+
+
+def charge_unbacked(outcomes: Sequence[ItemOutcome], unbacked: Sequence[bool]) -> list[ItemOutcome]:
+    """The candidate's outcomes with each unbacked answer counted wrong (what it replied stays in text/extracted)."""
+    return [o.model_copy(update={"backed": False, "correct": False}) if u else o
+            for o, u in zip(outcomes, unbacked, strict=True)]
+
+
 def _pct(correct: int, n: int) -> float | None:
     return 100.0 * correct / n if n else None
 
@@ -124,7 +163,7 @@ def summarize_accuracy(task: str, outcomes: Sequence[ItemOutcome], skipped: int 
         candidate_only=sum(cand[i].correct and not van[i].correct for i in ids),
         vanilla_only=sum(van[i].correct and not cand[i].correct for i in ids),
         identical_outputs=sum(cand[i].output_sha == van[i].output_sha for i in ids),
-        flagged=flag_delta(delta, threshold))
+        flagged=flag_delta(delta, threshold), unbacked=sum(not cand[i].backed for i in ids))
 
 
 def bucket_accuracy(items: Sequence[RetrievalItem], outcomes: Sequence[ItemOutcome]) -> list[BucketAccuracy]:

@@ -13,7 +13,8 @@ def flat_metrics(result: PostValResult) -> dict:
     metrics: dict = {}
     for a in result.accuracy:
         metrics[a.task] = {"candidate_acc": a.candidate_acc, "vanilla_acc": a.vanilla_acc,
-                           "delta_points": a.delta_points, "items": a.items, "flagged": int(a.flagged)}
+                           "delta_points": a.delta_points, "items": a.items, "flagged": int(a.flagged),
+                           "unbacked": a.unbacked}
     metrics["speedup"] = {f"{c.workload}-{c.mode}": round(c.speedup.median, 4)
                           for c in result.speed + result.workloads}
     # The candidate's timed outputs against vanilla's: a flagged row's speedup is not trustworthy.

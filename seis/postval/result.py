@@ -30,6 +30,9 @@ class ItemOutcome(_Model):
     gold: str
     correct: bool
     bucket: int | None = None  # retrieval length bucket
+    # False: a correct answer vanilla, scoring the candidate's output teacher-forced, would not have produced
+    # (accuracy.unbacked_answers): counted wrong
+    backed: bool = True
     target_tokens: int | None = None
 
 
@@ -44,6 +47,7 @@ class AccuracySummary(_Model):
     vanilla_only: int
     identical_outputs: int  # items where both engines wrote exactly the same tokens
     flagged: bool  # |delta| beyond the flag threshold
+    unbacked: int = 0  # the candidate's correct answers that its model did not produce: counted wrong, flagged
 
 
 class BucketAccuracy(_Model):
@@ -195,7 +199,7 @@ class PostValResult(_Model):
 
     @property
     def accuracy_flagged(self) -> bool:
-        return any(a.flagged for a in self.accuracy)
+        return any(a.flagged or a.unbacked for a in self.accuracy)
 
     @property
     def timed_flagged(self) -> bool:

@@ -3,7 +3,9 @@
 Every byte from an engine process is untrusted, so the engines run under the gate's rules:
 
 1. accuracy: one process per engine, greedy, chat template, all prompts in one generate call (untimed, both
-   engines at once); these processes are then closed;
+   engines at once); the accuracy prompts are the public questions as they are, so a candidate's correct answer
+   counts only where vanilla, scoring its output teacher-forced, would have produced it (accuracy.unbacked_answers);
+   these processes are then closed;
 2. speed: fresh processes, built again (the extra build time is measured and noted), so no timed engine has
    seen the accuracy prompts; every repetition of every workload times prompts that process has not seen
    (plan.speed_plan), warm-up prompts are never timed, and while one engine is timed the other's sandbox is
@@ -31,11 +33,13 @@ from ..workspace.tree import scratch_dir
 from .accuracy import (
     Output,
     bucket_accuracy,
+    charge_unbacked,
     decode_outputs,
     fits,
     score_gsm8k,
     score_retrieval_items,
     summarize_accuracy,
+    unbacked_answers,
 )
 from .bandwidth import EnergyMeter, bound_tok_per_s, kv_bytes_per_token, measure_bandwidth, weight_bytes_per_token
 from .plan import Plan, TimedSet, prepare_plan, speed_plan
@@ -192,24 +196,31 @@ def _accuracy_phase(plan: Plan, run: _Gathered) -> None:
     """Both engines answer every accuracy prompt (GSM8K, retrieval); the items are scored and summarized."""
     with engine_pair(plan, "accuracy") as (engines, built, build_s):
         context = run.record_build("accuracy", built, build_s)
+        eos_ids = _stop_scale(plan, built["vanilla"])[0] if plan.gsm8k_items or plan.retrieval_items else []
         if plan.gsm8k_items:
             run.items += _accuracy_task(plan, run, engines, context, "gsm8k", plan.gsm8k_items, plan.gsm8k_prompts,
-                                        plan.gsm8k_max_new_tokens, score_gsm8k)
+                                        plan.gsm8k_max_new_tokens, score_gsm8k, eos_ids)
         if plan.retrieval_items:
             ret = _accuracy_task(plan, run, engines, context, "retrieval", plan.retrieval_items,
-                                 plan.retrieval_prompts, plan.retrieval_max_new_tokens, score_retrieval_items)
+                                 plan.retrieval_prompts, plan.retrieval_max_new_tokens, score_retrieval_items, eos_ids)
             run.items += ret
             run.buckets = bucket_accuracy(plan.retrieval_items, ret)
         run.record_after(engines)
 
 
 def _accuracy_task(plan: Plan, run: _Gathered, engines: dict, context: int, name: str, all_items: list,
-                   all_prompts: list[list[int]], max_new: int, score) -> list:
-    """All prompts of a task in one call per engine; prompts over the context are skipped, counted."""
+                   all_prompts: list[list[int]], max_new: int, score, eos_ids: list[int]) -> list:
+    """All prompts of a task in one call per engine; prompts over the context are skipped, counted. The
+    candidate's correct answers that its model did not produce (vanilla scoring them) are counted wrong."""
+    c = plan.config
     keep = [i for i, p in enumerate(all_prompts) if fits(p, context)]
     its, prompts = [all_items[i] for i in keep], [all_prompts[i] for i in keep]
     outs = _answer(plan, engines, prompts, max_new) if prompts else {n: [] for n in ENGINES}
-    scored = [o for n in ENGINES for o in score(n, its, prompts, outs[n])]
+    cand = score("candidate", its, prompts, outs["candidate"])
+    unbacked = unbacked_answers(VanillaScorer(engines["vanilla"]), prompts, outs["candidate"], outs["vanilla"],
+                                [o.correct for o in cand], c.timed_margin, c.timed_min_valid, max_new, context,
+                                eos_ids)
+    scored = charge_unbacked(cand, unbacked) + score("vanilla", its, prompts, outs["vanilla"])
     skipped = len(all_items) - len(keep)
     run.accuracy.append(summarize_accuracy(name, scored, skipped, plan.config.flag_points))
     log.info("%s: %d items answered by both engines (%.0f s so far)", name, len(prompts), time.perf_counter() - run.t0)
@@ -290,6 +301,9 @@ def _flags(c: PostValConfig, accuracy: list[AccuracySummary], comps: list[SpeedC
     flags = [context_flag(context, vanilla_context)] if context < vanilla_context else []
     flags += [f"{a.task}: candidate {a.candidate_acc:.1f}% vs vanilla {a.vanilla_acc:.1f}% "
               f"({a.delta_points:+.1f} points, beyond ±{c.flag_points:g})" for a in accuracy if a.flagged]
+    flags += [f"{a.task}: {a.unbacked} of the candidate's correct answers are outputs vanilla would not have "
+              f"produced (teacher-forced, beyond the {c.timed_margin:g}-nat near-tie margin): counted wrong"
+              for a in accuracy if a.unbacked]
     flags += [f"{comp.workload}/{comp.mode}: the candidate's timed outputs disagree with vanilla's "
               f"({'; '.join(comp.timed.reasons)}): its speed figure is not trustworthy"
               for comp in comps if comp.timed_flagged]

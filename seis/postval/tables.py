@@ -40,7 +40,11 @@ def accuracy_status(result: PostValResult) -> str:
     body = ", ".join(parts) if parts else "not measured"
     cut = (f"{FLAG} **{context_flag(result.context_tokens, result.vanilla_context_tokens)}**\n"
            if result.context_flagged else "")
-    if result.accuracy_flagged:
+    unbacked = [f"{a.unbacked} {a.task}" for a in result.accuracy if a.unbacked]
+    if unbacked:  # answers that are not the model's: counted wrong (accuracy.unbacked_answers)
+        cut += (f"{FLAG} **Correct answers that vanilla would not have produced (counted wrong): "
+                f"{', '.join(unbacked)}**\n")
+    if any(a.flagged for a in result.accuracy):
         return f"{cut}{FLAG} **Accuracy differs from vanilla beyond ±{t:g} points** ({body})."
     return f"{cut}Accuracy vs vanilla within ±{t:g} points ({body})."
 
@@ -79,7 +83,7 @@ def accuracy_frame(result: PostValResult) -> pd.DataFrame:
 
     rows = [{**a.model_dump(), "flag_points": result.config.flag_points} for a in result.accuracy]
     cols = ["task", "items", "skipped", "vanilla_acc", "candidate_acc", "delta_points", "candidate_only",
-            "vanilla_only", "identical_outputs", "flagged", "flag_points"]
+            "vanilla_only", "identical_outputs", "flagged", "unbacked", "flag_points"]
     return pd.DataFrame(rows, columns=cols)
 
 
