@@ -13,7 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 @dataclass(frozen=True)
 class Reply:
-    """One model turn: optional text, tool calls [(name, args)], usage (input, output tokens; None: the reply
+    """One model turn: optional text, tool calls [(name, args)] (OpenAI: args as a string are sent as the raw
+    arguments text), usage (input, output tokens; None: the reply
     carries no usage), cache (cache-read, cache-write input tokens, reported the provider's way), and a delay
     before the answer is sent."""
 
@@ -132,7 +133,8 @@ class FakeAPI:
         message: dict = {"role": "assistant", "content": r.text or None}
         if r.calls:
             message["tool_calls"] = [{"id": f"call_{n}_{i}", "type": "function",
-                                      "function": {"name": name, "arguments": json.dumps(args)}}
+                                      "function": {"name": name,
+                                                   "arguments": args if isinstance(args, str) else json.dumps(args)}}
                                      for i, (name, args) in enumerate(r.calls)]
         body = {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": "gpt-fake",
                 "choices": [{"index": 0, "message": message,

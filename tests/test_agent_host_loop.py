@@ -147,3 +147,38 @@ def test_no_tool_changes_the_tree_after_the_sessions_time_is_spent(tmp_path, use
     writes = [e for e in _events(tmp_path) if e["type"] == "tool" and e["name"] == "write_file"]
     assert len(writes) == 5 and all(e["is_error"] and "time" in e["result"] for e in writes)
     assert "end=finish" in result.notes and "late" in result.report_markdown
+
+
+# --- arguments no JSON reader takes ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw", ['{"path": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                                 '{"path": "engine/model.py", "start_line": 1' + "0" * 5000 + "}"],
+                         ids=["nested_100k_deep", "5000_digit_integer"])
+def test_arguments_no_json_reader_takes_are_a_tool_error_not_the_sessions_end(tmp_path, use_api, raw):
+    """OpenAI tool arguments are a JSON string the host parses. Nesting past the parser's stack raised
+    RecursionError and a 5,000-digit integer ValueError (Python's int limit), neither a JSONDecodeError: the
+    session ended as an 'API error after retries' with the edit half done, and its turn was never recorded. The
+    model must read an error and go on."""
+    ws = prepare_workspace(ENGINE_TEMPLATE, tmp_path / "session" / "workspace", [], [])
+    script = [Reply(calls=(("read_file", raw),)), Reply(calls=(("finish", {"report": "went on"}),))]
+    with FakeAPI("openai", script) as api:
+        use_api(api)
+        result = _sdk_agent("openai").edit(ws, SessionContext("c0", 0))
+    assert "end=finish" in result.notes, result.notes
+    tool = next(e for e in _events(tmp_path) if e["type"] == "tool")
+    assert tool["is_error"] and "arguments" in tool["result"] and len(tool["result"]) < 500, tool
+
+
+def test_a_reply_the_transcript_cannot_write_is_noted_not_raised(tmp_path):
+    """What a provider's reply holds reaches the transcript's recursive writers as it came (an Anthropic reply's
+    `input`, the raw response): nesting past the stack raised RecursionError out of the unguarded part of the loop."""
+    from seis.agents.llm.redact import Redactor
+    from seis.agents.llm.transcript import Transcript
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    t = Transcript(tmp_path / "transcript.jsonl", Redactor(environ={}))
+    t.log("turn", response={"content": deep}, big=10 ** 5000)
+    t.log("end", finished=True)
+    lines = [json.loads(line) for line in (tmp_path / "transcript.jsonl").read_text().splitlines()]
+    assert [e["type"] for e in lines] == ["turn", "end"] and "unrecorded" in lines[0]

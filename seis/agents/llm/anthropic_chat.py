@@ -6,7 +6,7 @@ from __future__ import annotations
 from .conversation import ToolCall, Turn, Usage, usage_count
 from .settings import LLMSettings
 from .text import valid_unicode
-from .tools import TOOL_DEFINITIONS, ToolOutcome
+from .tools import TOOL_DEFINITIONS, ToolOutcome, parse_arguments
 
 
 def _param(block) -> dict | None:
@@ -59,8 +59,8 @@ class AnthropicConversation:
         # sent again with every later request, which the SDK encodes as UTF-8 (text.py)
         content = valid_unicode([p for p in (_param(b) for b in resp.content) if p is not None])
         self.messages.append({"role": "assistant", "content": content or [{"type": "text", "text": "(empty)"}]})
-        calls = tuple(ToolCall(b.id, b.name, b.input if isinstance(b.input, dict) else None,
-                               None if isinstance(b.input, dict) else "arguments must be a JSON object")
+        calls = tuple(ToolCall(b.id, b.name, *(parse_arguments(b.input) if isinstance(b.input, dict)
+                                               else (None, "arguments must be a JSON object")))
                       for b in resp.content if b.type == "tool_use")
         text = "\n".join(b.text for b in resp.content if b.type == "text")
         return Turn(text, calls, anthropic_usage(getattr(resp, "usage", None)), resp.stop_reason,

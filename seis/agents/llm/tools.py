@@ -521,12 +521,40 @@ def _files_under(root: Path, base: Path, notes: list[str]) -> Iterator[Path]:
             yield item.path
 
 
+MAX_ARGUMENT_DEPTH = 16  # nesting of a call's arguments: the schemas need 3 (an object of lists of strings)
+
+
+def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
+    """Whether lists and dicts nest deeper than limit in value (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def parse_arguments(raw: str | dict | None) -> tuple[dict | None, str | None]:
-    """Tool arguments as sent by the model: (args, None) or (None, why they can't be used)."""
+    """Tool arguments as sent by the model: (args, None) or (None, why they can't be used).
+
+    The model's JSON is read here, in the API call, and then by every recursive writer of the session (the
+    transcript, the redactor, the SDK's request): nesting past the parser's stack (RecursionError) or an integer of
+    more than 4,300 digits (ValueError) is no JSONDecodeError, and either ended the session as an 'API error'; an
+    object nested just under the parser's limit raised in the transcript's writer instead. So both are errors the
+    model reads, and so is nesting past MAX_ARGUMENT_DEPTH."""
     if isinstance(raw, dict):
-        return raw, None
-    try:
-        value = json.loads(raw or "{}")
-    except json.JSONDecodeError as e:
-        return None, f"arguments are not valid JSON ({e.msg})"
-    return (value, None) if isinstance(value, dict) else (None, "arguments must be a JSON object")
+        value = raw
+    else:
+        try:
+            value = json.loads(raw or "{}")
+        except json.JSONDecodeError as e:
+            return None, f"arguments are not valid JSON ({e.msg})"
+        except (ValueError, RecursionError) as e:
+            return None, f"arguments are not JSON this host reads ({type(e).__name__}: {str(e)[:120]})"
+    if not isinstance(value, dict):
+        return None, "arguments must be a JSON object"
+    if _too_deep(value):
+        return None, f"arguments nest lists or objects deeper than {MAX_ARGUMENT_DEPTH} levels"
+    return value, None

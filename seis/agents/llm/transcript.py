@@ -24,7 +24,13 @@ class Transcript:
         if self.path is None:
             return
         event = {"t": round(time.monotonic() - self.t0, 3), "type": kind, **data}
-        line = json.dumps(valid_unicode(self.redactor.value(_plain(event))), ensure_ascii=False, default=str)
+        try:
+            line = json.dumps(valid_unicode(self.redactor.value(_plain(event))), ensure_ascii=False, default=str)
+        except (RecursionError, ValueError) as e:
+            # A reply's own structure (nested past the stack's depth, an integer past Python's digit limit) must
+            # not end the session from here, where the loop is not guarded: the event is noted, not written.
+            line = json.dumps({"t": event["t"], "type": kind,
+                               "unrecorded": f"{type(e).__name__}: {str(e)[:200]}"})
         with self.path.open("a", encoding="utf-8") as f:
             f.write(line + "\n")
 
