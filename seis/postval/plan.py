@@ -84,6 +84,7 @@ class Plan:
     speed_source: list = field(default_factory=list)
     dev_defs: list = field(default_factory=list)
     shapes: tuple = ()
+    heldout_range: tuple[int, int] = (0, 1)  # the held-out ids' range [low, high), in the model's vocabulary
 
     prompt_nonce: str = ""  # in every timed GSM8K prompt (the config's, or drawn by _encode)
     suite_context: int | None = None  # what the suite's longest request needs (set by _encode)
@@ -172,7 +173,12 @@ def _load_workloads(plan: Plan) -> None:
         dev = {it.id: it for it in load_gsm8k_split("dev", c.prepared_dir)}
         _check_size("dev_requests", c.dev_requests, len(dev), "GSM8K dev items")
         plan.dev_defs = [(wl, [dev[i] for i in wl.item_ids]) for wl in load_dev_workloads(c.prepared_dir)]
-    plan.shapes = load_heldout_shapes(c.prepared_dir).shapes if c.heldout else ()
+    if c.heldout:
+        held = load_heldout_shapes(c.prepared_dir)
+        plan.shapes = held.shapes
+        # ids at or past the vocabulary are folded into it (_encode): the whole vocabulary is then the range
+        plan.heldout_range = ((held.token_id_low, held.token_id_high) if held.token_id_high <= plan.vocab_size
+                              else (0, plan.vocab_size))
 
 
 def _check_size(name: str, value: int, available: int, what: str) -> None:
@@ -231,8 +237,9 @@ def speed_plan(plan: Plan, context: int) -> SpeedPlan:
       consecutive slice (natural single's first repetition: the split's first items, as before); the split's
       last prompts are the warm-up prompts of every GSM8K-shaped workload;
     - dev: both dev workloads draw from the dev items (dev-natural's first repetition is the gate's own set);
-    - held-out shapes: repetition r times the shape's prompt rotated by r x step tokens (same length, same
-      ids, another prompt), warm-up one rotation further.
+    - held-out shapes: repetition r times the shape's prompt rotated by r x step tokens, every id shifted within
+      the shapes' range by the run's nonce (_disguised: same length, random ids, a prompt no tree could ship),
+      warm-up one rotation further.
 
     Where a pool is too small, the requests per repetition shrink until everything fits (a note and the
     pool's `shrunk` say so); only when not even one prompt per repetition fits are prompts reused (`repeated`,
@@ -275,7 +282,8 @@ def speed_plan(plan: Plan, context: int) -> SpeedPlan:
             continue
         step = max(1, len(base) // (reps + 1))  # spread over the prompt: rotations share no long prefix
         offsets = dict.fromkeys(k * step % len(base) for k in range(reps + 1))
-        rotations = _dedupe([Prompt(f"{wl.name}@rot{o}", base[o:] + base[:o]) for o in offsets])
+        rotations = _dedupe([Prompt(f"{wl.name}@rot{o}", _disguised(plan, wl.name, o, base[o:] + base[:o]))
+                             for o in offsets])
         timed_rot, warm_rot = (rotations[:-1], rotations[-1:]) if len(rotations) > 1 else (rotations, rotations)
         sets, pool = _draw(wl.name, "heldout", timed_rot, [(wl.name, "single", wl.max_new_tokens, True, 1)], reps,
                            warm_rot, notes)
@@ -285,6 +293,21 @@ def speed_plan(plan: Plan, context: int) -> SpeedPlan:
     sp = SpeedPlan(speed=speed, workloads=workloads, pools=pools, notes=notes)
     _mark_repeats(sp)
     return sp
+
+
+def _disguised(plan: Plan, name: str, offset: int, ids: tuple[int, ...]) -> tuple[int, ...]:
+    """A held-out prompt shifted within the shapes' id range by an amount drawn from the run's nonce (per shape and
+    rotation). The shapes are public (data/prepared) and so is every rotation of them: an engine could generate each
+    one's fixed-length greedy output while it builds (untimed) and answer the timed request from that table, with
+    vanilla's own tokens, so that no timed check saw anything. Shifted, a prompt is the same shape (length, random ids
+    in the same range) and unknown until it is asked: a table would need one entry per shift and rotation."""
+    from ..workloads.common import sha256_bytes
+
+    lo, hi = plan.heldout_range
+    if hi - lo < 2:
+        return ids
+    shift = 1 + int(sha256_bytes(f"{plan.prompt_nonce}:{name}:{offset}".encode())[:16], 16) % (hi - lo - 1)
+    return tuple(lo + (t - lo + shift) % (hi - lo) if lo <= t < hi else t for t in ids)
 
 
 def _dedupe(prompts: list[Prompt]) -> list[Prompt]:

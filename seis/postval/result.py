@@ -119,7 +119,7 @@ class TimedCheck(_Model):
 
 class PromptPool(_Model):
     """Where the timed prompts of one source came from: every prompt is timed at most once per engine process."""
-    name: str  # "gsm8k-test", "gsm8k-dev", "heldout-p32-o64" (rotations of the shape's prompt)
+    name: str  # "gsm8k-test", "gsm8k-dev", "heldout-p32-o64" (rotations of the shape's prompt, nonce-shifted)
     available: int  # distinct prompts that fit the context
     needed: int  # distinct prompts the requested sizes need (all repetitions), warm-up included
     timed: int  # prompts timed (all repetitions)
