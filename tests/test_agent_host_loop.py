@@ -182,3 +182,36 @@ def test_a_reply_the_transcript_cannot_write_is_noted_not_raised(tmp_path):
     t.log("end", finished=True)
     lines = [json.loads(line) for line in (tmp_path / "transcript.jsonl").read_text().splitlines()]
     assert [e["type"] for e in lines] == ["turn", "end"] and "unrecorded" in lines[0]
+
+
+# --- redaction's cost in the host ---------------------------------------------------------------------------------
+
+def test_redaction_stays_fast_with_several_long_keys_and_finds_the_same_spans():
+    """Every tool result, transcript line and report is redacted in the orchestrator's process, under the GIL. The
+    needles (each key's forms and every 16-character piece of it, about 200 for a 100-character key) were one flat
+    alternation, tried needle after needle at every position: with five such keys, 1 MB of text an agent chose took
+    about 5 s, and each turn may return megabytes of tool results."""
+    import random
+    import re as re_mod
+    import string
+
+    from seis.agents.llm.redact import Redactor
+    from seis.agents.llm.secrets import REDACTED
+    rng = random.Random(7)
+    keys = ["sk-ant-api03-" + "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(95))
+            for _ in range(5)]
+    r = Redactor(secrets=keys, environ={})
+    text = "".join(rng.choice(string.ascii_letters) for _ in range(1_000_000))
+    t0 = time.monotonic()
+    assert r.text(text) == text
+    assert time.monotonic() - t0 < 1.5
+    # the same spans as the flat alternation, longest needle first
+    flat = re_mod.compile("|".join(re_mod.escape(n) for n in sorted(r._set.needles, key=len, reverse=True)))
+    for _ in range(200):
+        k = rng.choice(keys)
+        a = rng.randrange(len(k) - 20)
+        piece = k[a:a + rng.randrange(16, len(k) - a + 1)]
+        sample = "".join(rng.choice(string.ascii_letters) for _ in range(30)) + piece + " tail"
+        squashed = re_mod.sub(r"[^a-z0-9]", "", sample.lower())
+        assert [m.span() for m in r._set._rx.finditer(squashed)] == [m.span() for m in flat.finditer(squashed)]
+        assert REDACTED in r.text(sample) and piece not in r.text(sample)
