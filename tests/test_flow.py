@@ -238,7 +238,9 @@ def test_a_candidate_the_run_already_judged_takes_that_verdict_without_a_second_
     gated = [c for c, d in dirs.items() if (d / "gate.json").is_file()]
     assert len(gated) == 1
     other = "c1" if gated == ["c0"] else "c0"
-    assert json.loads((dirs[other] / "gate-reused.json").read_text())["session"] == f"chains/{gated[0]}/002"
+    record = json.loads((dirs[other] / "gate-reused.json").read_text())
+    assert record["session"] == f"chains/{gated[0]}/002"
+    assert record["speed"] == json.loads((dirs[gated[0]] / "gate.json").read_text())["speed"]  # its own copy
     assert "was gated in chains/" in (dirs[other] / "report.md").read_text()
     assert len(gate_spans(run)) == 5  # six sessions, five gates
 

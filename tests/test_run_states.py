@@ -150,6 +150,13 @@ def test_the_runs_best_reads_the_noise_from_each_sessions_gate(tmp_path):
     reused.mkdir(parents=True)
     (reused / "gate-reused.json").write_text(json.dumps({"session": "chains/c1/000", "key": "k"}))
     assert session_gain_noise(reused) == GainNoise(False, False)
+    # a record with its own speed table reads it, whatever the gated session's directory holds since: a resume
+    # that kept this session may have redone and cleared that one
+    recorded = run.session_dir("c3", 0)
+    recorded.mkdir(parents=True)
+    (recorded / "gate-reused.json").write_text(json.dumps(
+        {"session": "chains/c1/000", "key": "k", "speed": sessions[("c0", 0)][1].model_dump(mode="json")}))
+    assert session_gain_noise(recorded) == GainNoise(True, True)
     assert session_gain_noise(run.session_dir("c0", 0)) == GainNoise(True, True)
     outcomes = [o for o, _ in sessions.values()]
     best, best_noisy = pick_best_of_run(run.root, outcomes)

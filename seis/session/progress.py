@@ -57,19 +57,22 @@ def gain_noise(speed) -> GainNoise:
 
 
 def session_gain_noise(session_dir: Path) -> GainNoise:
-    """GainNoise of a recorded session: from its gate.json, or the gate.json of the session whose verdict it
-    reused (gate-reused.json). No gate recorded: not measured."""
+    """GainNoise of a recorded session: from its gate.json, or the speed table of the verdict it reused as
+    gate-reused.json recorded it (older records: the gated session's gate.json). No gate recorded: not
+    measured."""
     from ..evaluator.schema import SpeedTable
-    from .reuse import reused_from
+    from .reuse import reused_from, reused_speed
     from .rundir import run_root_of
 
     gate_file = Path(session_dir) / "gate.json"
-    reused = reused_from(session_dir)
-    root = run_root_of(session_dir)
-    if not gate_file.is_file() and reused and root is not None:
-        gate_file = root / reused / "gate.json"
     try:
-        speed = json.loads(gate_file.read_text()).get("speed")
+        if gate_file.is_file():
+            speed = json.loads(gate_file.read_text()).get("speed")
+        else:
+            recorded, speed = reused_speed(session_dir)
+            reused, root = reused_from(session_dir), run_root_of(session_dir)
+            if not recorded and reused and root is not None:
+                speed = json.loads((root / reused / "gate.json").read_text()).get("speed")
         return gain_noise(SpeedTable.model_validate(speed) if speed else None)
     except (OSError, ValueError, AttributeError):
         return GainNoise()

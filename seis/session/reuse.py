@@ -87,16 +87,33 @@ def reuse_verdict(gate_config, session_dir: Path, retain_dir: Path) -> ReusedVer
         copy.rename(retain_dir)
     else:
         remove_tree(copy)
-    (Path(session_dir) / REUSED).write_text(json.dumps({"session": gated, "key": key}, indent=2) + "\n")
+    # the speed table travels with the record: the gated session can be redone (and cleared) by a resume that
+    # keeps this one, and its gate.json would then be gone, or another candidate's
+    speed = result.speed.model_dump(mode="json") if result.speed is not None else None
+    (Path(session_dir) / REUSED).write_text(json.dumps({"session": gated, "key": key, "speed": speed}, indent=2)
+                                            + "\n")
     return ReusedVerdict(result, gated)
+
+
+def _record(session_dir: Path) -> dict:
+    try:
+        record = json.loads((Path(session_dir) / REUSED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def reused_from(session_dir: Path) -> str:
     """The session (chains/<chain>/<session>) whose verdict this one took, or ''."""
-    try:
-        return str(json.loads((Path(session_dir) / REUSED).read_text())["session"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
+    session = _record(session_dir).get("session")
+    return session if isinstance(session, str) else ""
+
+
+def reused_speed(session_dir: Path) -> tuple[bool, dict | None]:
+    """(recorded, the speed table) of the verdict this session took, as recorded when it took it; records written
+    before the table was kept have none (recorded False: read the gated session's gate.json instead)."""
+    record = _record(session_dir)
+    return ("speed" in record, record.get("speed") if isinstance(record.get("speed"), dict) else None)
 
 
 def remember_verdict(gate_config, session_dir: Path, result) -> None:
