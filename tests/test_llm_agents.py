@@ -393,6 +393,17 @@ def test_redactor_catches_key_shapes_and_env_values():
     assert r.value({"k": ["tok-abcdefgh123", 3]}) == {"k": ["[REDACTED]", 3]}
 
 
+def test_a_key_a_provider_error_echoes_across_the_cut_is_redacted_whole():
+    """A provider's error message is cut to 300 characters for the report; a key echoed across the cut kept a
+    fragment of itself too short for the redactor to know, unless redaction runs before the cut."""
+    from seis.agents.llm.conversation import describe_error
+    r = Redactor(environ={"OPENAI_API_KEY": FAKE_KEY})
+    error = RuntimeError("invalid request " + "x" * 270 + " " + FAKE_KEY + " was refused")  # 13 of it fit
+    assert FAKE_KEY[:12] in r.text(describe_error(error))  # cut first, the fragment survives a later redaction
+    line = describe_error(error, r.text)
+    assert FAKE_KEY[:12] not in line and "[REDACTED]" in line
+
+
 def _spelled(key: str, upper: int, lower: int, digit: int) -> str:
     """key in another Unicode alphabet of letters and digits (fullwidth, mathematical bold, ...)."""
     return "".join(chr(upper + ord(c) - 65) if c.isupper() else chr(lower + ord(c) - 97) if c.islower()

@@ -171,7 +171,7 @@ class LLMAgent:
             conv = self.conversation(s, prompt)
             end = self._loop(conv, toolbox, meter, transcript)
         except Exception as e:  # noqa: BLE001 - client construction or an unexpected SDK error: end cleanly
-            end = SessionEnd(False, f"API error: {describe_error(e)}")
+            end = SessionEnd(False, f"API error: {describe_error(e, redactor.text)}")
         finally:
             toolbox.close()
         rejected = finish_workspace(workspace, redactor)
@@ -201,8 +201,9 @@ class LLMAgent:
                 return SessionEnd(False, f"wall-clock budget spent during an API call ({meter.wall_s:.0f} of "
                                          f"{meter.max_wall_s:.0f} s)")
             except Exception as e:  # noqa: BLE001 - the SDK already retried what can be retried
-                transcript.log("error", error=describe_error(e))
-                return SessionEnd(False, f"API error after retries: {describe_error(e)}")
+                why = describe_error(e, transcript.redactor.text)
+                transcript.log("error", error=why)
+                return SessionEnd(False, f"API error after retries: {why}")
             meter.add(turn.usage)
             if meter.max_wall_s is not None and meter.wall_s >= meter.max_wall_s:
                 self._log_turn(transcript, meter, turn)  # the reply came too late to act on

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from .text import valid_unicode
 from .tools import ToolOutcome
@@ -87,8 +87,10 @@ class Conversation(Protocol):
     def nudge(self, text: str) -> None: ...
 
 
-def describe_error(e: BaseException) -> str:
-    """One line for the report: the exception type, the HTTP status when there is one, a short message."""
+def describe_error(e: BaseException, redact: Callable[[str], str] = str) -> str:
+    """One line for the report: the exception type, the HTTP status when there is one, a short message. `redact`
+    runs before the cut: a key a provider's error echoes across the 300th character would otherwise keep a
+    fragment too short for the redactor to know."""
     status = getattr(e, "status_code", None)
-    msg = " ".join(str(e).split())[:300]
+    msg = redact(" ".join(str(e).split()))[:300]
     return f"{type(e).__name__}" + (f" (HTTP {status})" if status else "") + (f": {msg}" if msg else "")
