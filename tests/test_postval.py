@@ -783,6 +783,23 @@ def test_a_fast_broken_single_request_path_is_flagged(tmp_path, prepared_dir):
     assert json.loads((out / "metrics.json").read_text())["timed_flagged"] == 1
 
 
+WRONG_DTYPE = """
+_adv_stats_dtype = Engine.stats
+Engine.stats = lambda self: {**_adv_stats_dtype(self), "dtype": "float64"}
+"""
+
+
+def test_a_candidate_that_misstates_its_dtype_gets_the_bound_of_the_dtype_it_was_asked_for(tmp_path, prepared_dir):
+    """The bandwidth bound is the candidate's word no more than its context is: one that says float64 while it
+    runs float32 had its bound halved (its share of it doubled) under the bound of what it said it runs."""
+    cand = hostile(tmp_path / "dtype", WRONG_DTYPE)
+    r = run_post_validation(make_config(engine_dir=cand, out_dir=tmp_path / "out", prepared_dir=prepared_dir,
+                                        **dict(HOSTILE, gsm8k_items=0, heldout=False, bandwidth_gbs=10.0)))
+    assert r.bandwidth.dtype == {"candidate": "float32", "vanilla": "float32"}
+    assert r.bandwidth.weight_bytes["candidate"] == r.bandwidth.weight_bytes["vanilla"]
+    assert any("candidate says it runs float64, asked float32" in n for n in r.notes)
+
+
 SHORT_CONTEXT = """
 _adv_stats_ctx = Engine.stats
 Engine.stats = lambda self: {**_adv_stats_ctx(self), "max_seq_len": 1}

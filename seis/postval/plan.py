@@ -376,6 +376,11 @@ def _mark_repeats(sp: SpeedPlan) -> None:
 MIN_CONTEXT = 2048  # below this even the held-out shapes stop fitting
 
 
+def run_dtype(dtype: str, device: str) -> str:
+    """The dtype both engines are asked to run at: "auto" is float32 on the CPU, bfloat16 on a GPU."""
+    return dtype if dtype != "auto" else ("float32" if not runs_on_cuda(device) else "bfloat16")
+
+
 def _fit_memory(plan: Plan) -> None:
     """Both engines hold a KV cache of max_batch_size x context tokens for the whole run; it must fit.
 
@@ -384,7 +389,7 @@ def _fit_memory(plan: Plan) -> None:
     """
     c = plan.config
     on_cpu = not runs_on_cuda(c.device)
-    dtype = c.dtype if c.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
+    dtype = run_dtype(c.dtype, c.device)
     try:
         per_tok = kv_bytes_per_token(plan.model_dir, dtype)
         weights = weight_bytes_per_token(plan.model_dir, dtype)

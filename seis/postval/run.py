@@ -29,6 +29,7 @@ from ..engine_host.affinity import pinned_frozen
 from ..engine_host.attention import baseline_attention
 from ..engine_host.gpu_idle import GpuIdle
 from ..provenance import device_label, source_commit, weights_label
+from ..tables import printable
 from ..workspace.tree import scratch_dir
 from .accuracy import (
     Output,
@@ -42,7 +43,7 @@ from .accuracy import (
     unbacked_answers,
 )
 from .bandwidth import EnergyMeter, bound_tok_per_s, kv_bytes_per_token, measure_bandwidth, weight_bytes_per_token
-from .plan import Plan, TimedSet, prepare_plan, speed_plan
+from .plan import Plan, TimedSet, prepare_plan, run_dtype, speed_plan
 from .postval_config import PostValConfig
 from .result import (
     ENGINES,
@@ -388,9 +389,17 @@ def _bandwidth(plan: Plan, built: dict, device: str, notes: list[str]) -> tuple[
             bps, source = c.bandwidth_gbs * 1e9, "configured"
         else:
             bps, source = measure_bandwidth(device)
-        dtypes = {n: str(_stats_of(built[n]).get("dtype", "float32")) for n in ENGINES}
-        weights = {n: weight_bytes_per_token(plan.model_dir, dtypes[n]) for n in ENGINES}
-        kv = {n: kv_bytes_per_token(plan.model_dir, dtypes[n]) for n in ENGINES}
+        # the dtype both engines were asked for, not the one an engine's stats claim: a candidate saying float32
+        # while running bf16 halved its own bound (and doubled its share of it), and a dtype no table knows took
+        # the bound away from both engines
+        asked = run_dtype(c.dtype, device)
+        dtypes = {n: asked for n in ENGINES}
+        for n in ENGINES:
+            said = _stats_of(built[n]).get("dtype")
+            if said is not None and str(said).removeprefix("torch.") != asked:
+                notes.append(f"{n} says it runs {printable(str(said))[:40]}, asked {asked}: its bound is {asked}'s")
+        weights = {n: weight_bytes_per_token(plan.model_dir, asked) for n in ENGINES}
+        kv = {n: kv_bytes_per_token(plan.model_dir, asked) for n in ENGINES}
     except (RuntimeError, ValueError, OSError, KeyError) as exc:  # the bound is context, never a reason to fail
         notes.append(f"bandwidth bound unavailable: {exc}")
         return None, None
