@@ -13,7 +13,7 @@ CONTRACT_FILE = "CONTRACT.md"
 def check_engine_dir(engine_dir: str | Path) -> Path:
     path = Path(engine_dir).resolve()
     if not path.is_dir():
-        raise ValueError(f"engine dir {path} does not exist")
+        raise ValueError(f"engine dir {path} {'is not a directory' if path.exists() else 'does not exist'}")
     if not (path / "engine" / "__init__.py").is_file():
         raise ValueError(f"engine dir {path} has no package 'engine' (engine/__init__.py); see {CONTRACT_FILE}")
     return path

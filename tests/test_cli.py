@@ -266,3 +266,17 @@ def test_post_validate_refuses_an_out_dir_that_holds_an_earlier_result(tmp_path,
                                        f"(postval.json); choose another --out"]
     assert sorted(p.name for p in earlier.iterdir()) == ["postval.json"]
     assert (earlier / "postval.json").read_text() == '{"kept": true}\n'
+
+
+
+def test_a_base_engine_that_is_a_file_is_called_one(tmp_path):
+    """Not "does not exist": the path is there, and the operator should look at what it is."""
+    f = tmp_path / "engine.tar"
+    f.write_text("not a directory\n")
+    out = seis("evolve", "--base-engine", str(f), "--out", str(tmp_path / "run"), "--device", "cpu")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"{f} is not a directory" in out.stderr, out.stderr
+    missing = seis("evolve", "--base-engine", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run2"),
+                   "--device", "cpu")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr, missing.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run2").exists()  # refused before any work
