@@ -571,10 +571,13 @@ def test_a_candidate_that_runs_while_frozen_fails_post_validation(tmp_path, prep
     from seis.engine_host import EngineError
 
     cand = hostile(tmp_path / "wakes", WAKES_WHILE_FROZEN)
+    # 64-token timed requests: the engine is frozen for each of vanilla's, and a window shorter than its 5 ms timer
+    # (16 tokens of a two-layer model, on an idle machine) can pass without a wake-up
     with pytest.raises(EngineError, match="ran while it was frozen"):
         run_post_validation(make_config(engine_dir=cand, out_dir=tmp_path / "out", prepared_dir=prepared_dir,
                                         **dict(HOSTILE, gsm8k_items=0, dev_requests=0, heldout=False,
-                                               bandwidth_gbs=10.0)))
+                                               bandwidth_gbs=10.0, natural_max_new_tokens=64,
+                                               fixed_new_tokens=64)))
     assert not (tmp_path / "out" / "postval.json").exists()
 
 
