@@ -518,6 +518,33 @@ def test_nothing_outlives_the_sandbox() -> None:
     assert _marked(marker) == [] and box.members() == []
 
 
+def test_what_one_sandbox_leaves_in_ipc_tmp_or_shm_is_gone_for_the_next_of_its_uid() -> None:
+    """Uids are reused from sandbox to sandbox. SysV segments, queues and semaphores and POSIX queues outlive their
+    process and are keyed by a number anyone may guess, /tmp and /dev/shm by a name: each must die with its
+    sandbox (its own IPC namespace and RAM-backed mounts), or a candidate that saw held-out prompts hands them to
+    the next sandbox of its uid, an agent's included."""
+    leave = """
+        import ctypes, json, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        made = {'shm': libc.shmget(0x5e15, 4096, 0o1666), 'msg': libc.msgget(0x5e15, 0o1666),
+                'sem': libc.semget(0x5e15, 1, 0o1666), 'mq': libc.mq_open(b'/seis-left', 0o102, 0o666, None)}
+        for d in ('/tmp', '/dev/shm'):
+            open(d + '/seis-left', 'w').write('held-out')
+        print(json.dumps({'uid': os.getuid(), **made}))
+    """
+    find = """
+        import ctypes, json, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        print(json.dumps({'uid': os.getuid(), 'shm': libc.shmget(0x5e15, 0, 0), 'msg': libc.msgget(0x5e15, 0),
+                          'sem': libc.semget(0x5e15, 0, 0), 'mq': libc.mq_open(b'/seis-left', 2),
+                          'files': [d for d in ('/tmp', '/dev/shm') if os.path.exists(d + '/seis-left')]}))
+    """
+    left = run_probe(leave)
+    assert min(left[k] for k in ("shm", "msg", "sem", "mq")) >= 0, left  # each was made
+    found = run_probe(find)  # as root, most often the same uid (the lowest free one); the keys need none
+    assert found == {"uid": found["uid"], "shm": -1, "msg": -1, "sem": -1, "mq": -1, "files": []}
+
+
 def test_an_owner_killed_while_its_sandboxes_start_leaves_nothing_after_the_sweep(tmp_path: Path) -> None:
     """A run's process killed (SIGKILL) while bwrap starts can leave the sandbox's init waiting for ever for a
     launcher that is gone (seen in CI: a root bwrap with no parent and no child). The run's cleanup sweeps such
