@@ -51,3 +51,47 @@ def test_a_parent_that_uses_up_the_gates_time_is_not_charged_to_the_candidate(pr
     assert rows["candidate"].vs_vanilla is not None and rows["candidate"].error is None
     # the parent's slowness is the parent's: the gate ran out of none of the candidate's or the reference's time
     assert rows["parent"].error is not None or rows["parent"].tok_per_s.max < rows["vanilla"].tok_per_s.min
+
+
+# As a parent it answers every generate a second late, well inside its limits: timed, and slower than any child.
+SLEEPY_PARENT_S, REGRESSION_S = 1.0, 0.3
+
+
+def _sleep_in_generate(root: Path, seconds: float, as_parent_only: bool) -> Path:
+    init = root / "engine" / "__init__.py"
+    init.write_text(init.read_text() + f'''
+
+import time as _time
+
+_role = {{"parent": None}}
+_generate = Engine.generate
+
+
+def _sleepy(self, prompts, sampling=None):
+    if _role["parent"] is None:
+        _role["parent"] = len(prompts) == 1
+    if _role["parent"] or not {as_parent_only}:
+        _time.sleep({seconds})
+    return _generate(self, prompts, sampling)
+
+
+Engine.generate = _sleepy
+''')
+    return root
+
+
+def test_a_parent_slow_on_purpose_lowers_no_childs_bar_below_vanilla(prepared_dir: Path, tmp_path: Path):
+    """The retain rule held a candidate to its parent's timing alone. An engine tells it is timed as a parent (its
+    first generate is a one-prompt warm-up: a parent gets no correctness calls) and can then answer slowly, inside
+    every limit: each child was retained however slow, here one several times slower than vanilla."""
+    from seis.session.objective import slower_than_parent
+    speed = SpeedConfig(n_prompts=1, natural_max_new_tokens=8, fixed_max_new_tokens=8, batch_size=0)
+    result = run_gate(H.tiny_config(
+        prepared_dir, _sleep_in_generate(H.copy_engine(tmp_path / "candidate"), REGRESSION_S, False),
+        parent=_sleep_in_generate(H.copy_engine(tmp_path / "parent"), SLEEPY_PARENT_S, True), speed=speed))
+    assert result.verdict == "pass", [c for c in result.checks if not c.passed]
+    rows = {r.engine: r for r in result.speed.rows if r.workload.startswith("dev-natural")}
+    assert rows["candidate"].vs_parent > 1  # the parent set the bar below the child...
+    assert rows["candidate"].tok_per_s.max < rows["vanilla"].tok_per_s.min  # ... a regression beyond any noise
+    lines = slower_than_parent(result.speed, "both")
+    assert lines and all(line.startswith("slower than vanilla on ") for line in lines), lines

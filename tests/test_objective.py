@@ -67,3 +67,35 @@ def test_the_objective_defaults_to_both_on_cuda_and_none_elsewhere(tmp_path):
     assert RunConfig(device="cuda", out=tmp_path / "a").objective == "both"
     assert RunConfig(device="cpu", out=tmp_path / "b").objective == "none"
     assert RunConfig(device="cpu", objective="throughput", out=tmp_path / "c").objective == "throughput"
+
+
+def _with_vanilla(table: SpeedTable, workload: str, *values: float) -> SpeedTable:
+    """table with vanilla's tok/s on `workload` replaced by these values."""
+    return table.model_copy(update={"rows": [r.model_copy(update={"tok_per_s": _stat(*values)})
+                                             if (r.workload, r.engine) == (workload, "vanilla") else r
+                                             for r in table.rows]})
+
+
+def test_a_parent_slow_on_purpose_is_no_floor_vanilla_is():
+    """An engine can tell when it is timed as a parent (it is asked no correctness calls before its warm-up), so one
+    that then runs slowly, in one pass or in all, lowered the bar for every child: a candidate at a third of
+    vanilla's speed on the batched workload was retained, as its parent's range (one slow pass) reached below it."""
+    one_slow_pass = _with_vanilla(_table(((1500, 1490, 1510), (560, 550, 570)),
+                                         ((1500, 1480, 1520), (4900, 400, 4950))), "dev-natural-batch32",
+                                  4900, 4880, 4950)
+    lines = slower_than_parent(one_slow_pass, "both")
+    assert len(lines) == 1 and lines[0].startswith("slower than vanilla on dev-natural-batch32"), lines
+    all_slow = _with_vanilla(_table(((1500, 1490, 1510), (560, 550, 570)), ((1500, 1480, 1520), (400, 390, 410))),
+                             "dev-natural-batch32", 4900, 4880, 4950)
+    assert len(slower_than_parent(all_slow, "throughput")) == 1
+
+
+def test_steps_each_within_noise_of_their_parent_do_not_add_up_to_a_regression_on_vanilla():
+    """Each retained step a little slower than its parent, within noise: after a few sessions the chain's engine was
+    slower than vanilla beyond noise, and its next step (again within noise of its parent) was retained."""
+    drifted = _with_vanilla(_table(((900, 910, 920), (915, 925, 935)), ((4400, 4380, 4420), (4410, 4390, 4450))),
+                            "dev-natural", 1000, 990, 1010)
+    lines = slower_than_parent(drifted, "single")
+    assert len(lines) == 1 and lines[0].startswith("slower than vanilla on dev-natural"), lines
+    within_vanillas_noise = _with_vanilla(drifted, "dev-natural", 920, 900, 940)
+    assert slower_than_parent(within_vanillas_noise, "single") == []
