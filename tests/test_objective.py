@@ -99,3 +99,33 @@ def test_steps_each_within_noise_of_their_parent_do_not_add_up_to_a_regression_o
     assert len(lines) == 1 and lines[0].startswith("slower than vanilla on dev-natural"), lines
     within_vanillas_noise = _with_vanilla(drifted, "dev-natural", 920, 900, 940)
     assert slower_than_parent(within_vanillas_noise, "single") == []
+
+
+def _batched(cand: tuple, parent: tuple, vanilla: tuple, parent_is_vanilla: bool = False) -> SpeedTable:
+    """The batched workload alone, each engine's tok/s per repetition (in repetition order)."""
+    wl = SpeedWorkloadInfo(name="dev-natural-batch32", n_prompts=32, max_new_tokens=256, ignore_eos=False,
+                           workload_digest="a", batch=32)
+    rows = [SpeedRow(workload=wl.name, engine=engine, tokens_per_pass=1.0, tok_per_s=_stat(*values),
+                     latency_ms=_stat(1.0, 1.0, 1.0))
+            for engine, values in (("candidate", cand), ("parent", parent), ("vanilla", vanilla))]
+    return SpeedTable(device="cuda", reps=3, method="m", workloads=[wl], rows=rows,
+                      parent_is_vanilla=parent_is_vanilla)
+
+
+# Vanilla E0's batched passes in one H100 gate (every repetition times other prompts; their natural lengths alone
+# moved every engine alike: the fixed-length workload's range in that gate was 641.6-641.9 tok/s).
+VANILLA_PASSES = (7420.0, 8113.0, 7537.0)
+
+
+def test_a_regression_in_every_repetition_does_not_hide_in_the_spread_the_prompts_make():
+    """The parent 1.2x vanilla in each repetition, the candidate 8 % slower than the parent in each: the raw ranges
+    overlapped (what the repetitions' prompts did to both), and the candidate was retained."""
+    parent = tuple(1.2 * v for v in VANILLA_PASSES)
+    cand = tuple(0.92 * p for p in parent)
+    lines = slower_than_parent(_batched(cand, parent, VANILLA_PASSES), "throughput")
+    assert len(lines) == 1 and lines[0].startswith("slower than its parent on dev-natural-batch32"), lines
+    assert "per repetition 1.104–1.104x vanilla's tok/s on the same prompts, against 1.200–1.200x" in lines[0]
+    # the machine's own noise still counts: a candidate at the parent's speed within it is not slower
+    even = tuple(p * f for p, f in zip(parent, (1.003, 0.996, 1.001)))
+    jitter = tuple(p * f for p, f in zip(parent, (0.998, 1.002, 1.0)))
+    assert slower_than_parent(_batched(even, jitter, VANILLA_PASSES), "throughput") == []
