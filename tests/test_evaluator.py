@@ -296,6 +296,43 @@ def test_the_references_compile_cache_serves_one_running_engine_at_a_time(tmp_pa
         assert again == first and (again / "kernel.so").read_bytes() == b"compiled"
 
 
+def test_an_untrusted_engines_cache_is_seeded_only_from_a_cache_no_engine_is_writing(tmp_path, monkeypatch) -> None:
+    """A candidate's private cache is a copy of the reference's, but not while another gate's reference runs there:
+    it may be writing half a kernel (or removing a temporary mid-copy), which the copy would hand on as whole."""
+    from seis.engine_host.jit_cache import held_cache, seeded_cache, trusted_cache
+
+    monkeypatch.setenv("SEIS_CACHE", str(tmp_path / "seis"))
+    tree = "cd" * 32
+    (trusted_cache(tree) / "kernel.so").write_bytes(b"compiled")
+    with held_cache(tree, tmp_path / "spare"):  # another gate's reference, alive
+        busy = seeded_cache(tmp_path / "while-held", tree)
+        assert busy == tmp_path / "while-held" and not any(busy.iterdir())
+    idle = seeded_cache(tmp_path / "after", tree)
+    assert (idle / "kernel.so").read_bytes() == b"compiled"
+    with held_cache(tree, tmp_path / "spare-2") as reference:  # the copy let go of the lock: the reference gets it
+        assert reference == trusted_cache(tree)
+
+
+def test_a_gate_seeds_its_candidates_cache_before_its_reference_holds_the_one_it_copies(tmp_path, monkeypatch) -> None:
+    """Whatever the order of the roles, the candidate's copy is made while the gate's own reference does not yet
+    hold the cache (else every candidate would start empty), and the reference then holds it."""
+    from contextlib import ExitStack
+    from types import SimpleNamespace
+
+    from seis.engine_host.jit_cache import trusted_cache
+    from seis.evaluator.gate import _cache_dirs
+
+    monkeypatch.setenv("SEIS_CACHE", str(tmp_path / "seis"))
+    tree = "ef" * 32
+    (trusted_cache(tree) / "kernel.so").write_bytes(b"compiled")
+    setup = SimpleNamespace(snaps={"vanilla": SimpleNamespace(sha256=tree)}, cache_root=tmp_path)
+    with ExitStack() as held:
+        dirs = _cache_dirs(setup, ["vanilla", "candidate", "parent"], {"vanilla"}, held)
+        assert dirs["vanilla"] == trusted_cache(tree)
+        for role in ("candidate", "parent"):
+            assert dirs[role] == tmp_path / f"cache-{role}" and (dirs[role] / "kernel.so").read_bytes() == b"compiled"
+
+
 # An engine in a real engine sandbox that, on its first warm-up request, starts a helper process and a thread that
 # keep trying to widen their CPU masks, tries to widen its own on every timed request (and starts a thread), and
 # answers each timed request with the mask of every thread of every process of its sandbox (its own PID

@@ -35,6 +35,24 @@ def private_cache(dest: Path, seed: Path | None) -> Path:
     return dest
 
 
+def seeded_cache(dest: Path, tree_id: str) -> Path:
+    """A fresh cache at `dest` for an untrusted engine: a copy of the trusted cache of `tree_id` while no engine holds
+    it, else empty (the engine running there may be writing half a kernel, which a copy would hand on as if whole).
+    Make it before this process holds that cache for an engine of its own."""
+    from ..store.lock import FileLock, LockTimeout
+
+    path = trusted_cache(tree_id)
+    try:
+        with FileLock(_lock_path(path), timeout_s=0):
+            return private_cache(dest, path)
+    except LockTimeout:
+        return private_cache(dest, None)
+
+
+def _lock_path(cache: Path) -> Path:
+    return cache.with_name(cache.name + ".lock")
+
+
 @contextmanager
 def held_cache(tree_id: str, spare: Path) -> Iterator[Path]:
     """The trusted cache for `tree_id` while no other engine holds it, else a new empty directory at `spare`;
@@ -42,7 +60,7 @@ def held_cache(tree_id: str, spare: Path) -> Iterator[Path]:
     from ..store.lock import FileLock, LockTimeout
 
     path = trusted_cache(tree_id)
-    lock = FileLock(path.with_name(path.name + ".lock"), timeout_s=0)
+    lock = FileLock(_lock_path(path), timeout_s=0)
     try:
         lock.__enter__()
     except LockTimeout:

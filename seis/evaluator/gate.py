@@ -102,14 +102,15 @@ def _setup(config: GateConfig, tmp: Path, roles: dict[str, Path | None]) -> _Set
     return _Setup(model_dir, device, make_isolation(device, config.isolation), snaps, ids, tmp)
 
 
-def _cache_dir(setup: _Setup, role: str, trusted: bool, held: ExitStack) -> Path:
-    """A trusted engine's JIT cache persists across gates, held while `held` lasts; an untrusted one's is private
-    (engine_host.jit_cache)."""
-    from ..engine_host.jit_cache import held_cache, private_cache, trusted_cache
+def _cache_dirs(setup: _Setup, roles: list[str], trusted: set[str], held: ExitStack) -> dict[str, Path]:
+    """A trusted engine's JIT cache persists across gates, held while `held` lasts; an untrusted one's is private,
+    seeded before the trusted one is held (engine_host.jit_cache)."""
+    from ..engine_host.jit_cache import held_cache, seeded_cache
     ref = setup.snaps.get("vanilla")
     tree = ref.sha256 if ref else "none"
-    own = setup.cache_root / f"cache-{role}"
-    return held.enter_context(held_cache(tree, own)) if trusted else private_cache(own, trusted_cache(tree))
+    own = {role: setup.cache_root / f"cache-{role}" for role in roles}
+    dirs = {role: seeded_cache(own[role], tree) for role in roles if role not in trusted}
+    return dirs | {role: held.enter_context(held_cache(tree, own[role])) for role in roles if role in trusted}
 
 
 def _parent_is_vanilla(snaps: dict[str, Snapshot]) -> bool:
@@ -125,10 +126,11 @@ def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[s
     deadline = Deadline(iso.gate_timeout_s)
     options = {"device": setup.device, "dtype": "auto", "max_batch_size": config.max_batch_size,
                "max_seq_len": max_seq_len, "use_cuda_graphs": config.use_cuda_graphs, "seed": config.seed}
+    roles = [r for r in setup.snaps if not (r == "parent" and _parent_is_vanilla(setup.snaps))]
+    caches = _cache_dirs(setup, roles, trusted, held)
     handles = {}
-    for role, snap in setup.snaps.items():
-        if role == "parent" and _parent_is_vanilla(setup.snaps):
-            continue
+    for role in roles:
+        snap = setup.snaps[role]
         # Per-call limits are for untrusted code; the trusted reference is bounded by the gate's deadline alone.
         build_s, call_s = (iso.gate_timeout_s,) * 2 if role in trusted else (iso.build_timeout_s, iso.call_timeout_s)
         # The parent is untrusted and no party to the verdict: its calls take a budget of their own and are given
@@ -137,7 +139,7 @@ def _handles(config: GateConfig, setup: _Setup, max_seq_len: int, trusted: set[s
         own = Deadline(iso.gate_timeout_s) if role == "parent" else deadline
         handles[role] = EngineHandle(role, snap.path, setup.model_dir, options, setup.isolation, own,
                                      build_s, call_s, trusted=role in trusted,
-                                     cache_dir=_cache_dir(setup, role, role in trusted, held),
+                                     cache_dir=caches[role],
                                      shared=deadline if role == "parent" else None)
     return handles
 

@@ -89,7 +89,7 @@ def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[Engin
     Compile caches (engine_host.jit_cache): vanilla keeps its own on this machine (the gate's, for the same
     tree); the candidate gets a copy of it for this phase only, so nothing it wrote in one phase reaches the next."""
     from ..engine_host import EngineProcess
-    from ..engine_host.jit_cache import held_cache, private_cache, trusted_cache
+    from ..engine_host.jit_cache import held_cache, seeded_cache
     from ..evaluator.snapshot import tree_sha256
 
     c = plan.config
@@ -99,8 +99,8 @@ def engine_pair(plan: Plan, phase: str) -> Iterator[tuple[dict, dict, dict[Engin
     with ExitStack() as stack:
         tree = tree_sha256(c.vanilla_dir)
         own = stack.enter_context(scratch_dir(f"seis-postval-{phase}-"))  # the candidate writes its cache here
-        caches = {"vanilla": stack.enter_context(held_cache(tree, own / "vanilla-cache")),
-                  "candidate": private_cache(own / "cache", trusted_cache(tree))}
+        caches = {"candidate": seeded_cache(own / "cache", tree),  # before vanilla holds the cache it copies
+                  "vanilla": stack.enter_context(held_cache(tree, own / "vanilla-cache"))}
         t0 = time.perf_counter()
         for n in ENGINES:
             engines[n] = stack.enter_context(EngineProcess(dirs[n], plan.model_dir, opts, c.timeout_s, env,
