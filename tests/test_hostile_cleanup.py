@@ -279,6 +279,33 @@ def test_a_launcher_stopped_before_it_became_bwrap_counts_as_its_sandboxs_leftov
         launcher.wait()
 
 
+def test_a_host_account_in_the_lease_range_is_never_leased_nor_killed_as_a_leftover(monkeypatch):
+    """The leases' uids lie in Debian's range for accounts packages create: a uid the host has as a user was leased
+    all the same, and that user's processes were SIGKILLed as a dead sandbox's leftovers by every lease and sweep."""
+    import signal
+    import subprocess
+    from seis.sandbox import sweep_leftovers
+    probe = P._UidLease()  # the uid the next lease would get, made an account of the host
+    probe.release()
+    # The user runs as the range's last uid, which the lease of a test beside this one (unaware of the account)
+    # will not reach and kill as its own.
+    accounts = {probe.uid, P.UID_BASE + P.UID_COUNT - 1}
+    monkeypatch.setattr(P, "_is_account", lambda uid: uid in accounts)
+    user = subprocess.Popen(["setpriv", f"--reuid={max(accounts)}", "--regid=65534", "--clear-groups", "--",
+                             "sleep", "60"])
+    (P._LOCK_DIR / str(max(accounts))).touch()  # as a lease of it, made before it became an account, leaves
+    try:
+        lease = P._UidLease()
+        lease.release()
+        assert lease.uid not in accounts
+        assert user.pid not in P._leftovers(accounts)
+        sweep_leftovers()
+        assert user.poll() is None
+    finally:
+        os.kill(user.pid, signal.SIGKILL)
+        user.wait()
+
+
 # ---- a run as an ordinary user: directories the sandbox left without its owner's permissions ----------------------
 def _as_ordinary_user(fn) -> dict:
     """fn() run as an ordinary user, as SEIS runs when it is not root: its sandboxes then write as that same user, so

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import json
 import os
+import pwd
 import resource
 import signal
 import stat
@@ -28,7 +30,7 @@ from .memory_watch import MemoryWatch
 from .policy import MAX_DEPTH, SAFE_PATH, SandboxPolicy
 from .walk import dir_ids
 
-UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), never a real account
+UID_BASE, UID_COUNT = 61000, 999     # one host uid per live sandbox (as root), never a real account (_is_account)
 # One fixed place for the whole host (not $TMPDIR): every SEIS process must see the same leases, or two could
 # hand out the same uid and one would kill the other's "leftovers".
 _LOCK_DIR = Path("/run/seis-sandbox-uids") if os.access("/run", os.W_OK) else Path("/tmp/seis-sandbox-uids")
@@ -153,12 +155,27 @@ def _uid_of(pid: int) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _is_account(uid: int) -> bool:
+    """Whether `uid` is a user of this host. The lease range lies in Debian's range for accounts that packages
+    create (60000-64999): such an account's uid is never leased, and its processes are never a sandbox's leftovers."""
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def _leasable(uid: int) -> bool:
+    return UID_BASE <= uid < UID_BASE + UID_COUNT and not _is_account(uid)
+
+
 class _UidLease:
     """An exclusive host uid for one sandbox: a held flock per uid, released with the lease (or the process)."""
 
     def __init__(self):
         _LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
-        for uid in range(UID_BASE, UID_BASE + UID_COUNT):
+        for uid in filter(_leasable, range(UID_BASE, UID_BASE + UID_COUNT)):
             fd = os.open(_LOCK_DIR / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -184,7 +201,7 @@ def _sandbox_uid(pid: int) -> int | None:
     cgroup and set the OOM score, prlimit, then bwrap) and so does the namespace's init; a launcher stopped or
     stuck before it became bwrap is the sandbox's as much as bwrap is."""
     uid = _uid_of(pid)
-    if uid is not None and UID_BASE <= uid < UID_BASE + UID_COUNT:
+    if uid is not None and _leasable(uid):
         return uid
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -195,7 +212,8 @@ def _sandbox_uid(pid: int) -> int | None:
         return None
     for arg in argv:
         if arg.startswith(b"--reuid=") and arg[len(b"--reuid="):].isdigit():
-            return int(arg[len(b"--reuid="):])
+            uid = int(arg[len(b"--reuid="):])
+            return uid if _leasable(uid) else None
     return None
 
 
@@ -222,8 +240,8 @@ def sweep_leftovers() -> int:
     held: dict[int, int] = {}  # the free leases, held while their leftovers are killed
     try:
         for path in _LOCK_DIR.iterdir():
-            if not path.name.isdigit():
-                continue
+            if not path.name.isdigit() or not _leasable(int(path.name)):
+                continue  # an account's uid (leased before it was one) or not a lease
             fd = os.open(path, os.O_RDWR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
