@@ -680,6 +680,21 @@ def test_unsafe_workspace_is_refused(plant, reason: str, prepared: Path, tmp_pat
     assert reason in _refusal(prepared, cand)
 
 
+def test_a_refused_tree_is_named_as_the_operator_gave_it(tmp_path: Path) -> None:
+    """The tree is validated in its private copy, but the refusal names the directory passed (`seis gate
+    --candidate DIR`), not the gate's scratch copy of it: the message pointed at /tmp/seis-gate-*/candidate,
+    which is gone by the time the operator reads it."""
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(GateInputError) as info:
+        snapshot(tmp_path / "empty", tmp_path / "copy")
+    assert f"candidate dir {(tmp_path / 'empty').resolve()} has no engine package" in str(info.value)
+    cand = H.copy_engine(tmp_path / "ws")
+    (cand / "conftest.py").write_text("")
+    with pytest.raises(GateInputError) as info:
+        snapshot(cand, tmp_path / "copy2", what="parent")
+    assert str(info.value).startswith(f"parent dir {cand.resolve()}: conftest.py is not allowed"), info.value
+
+
 @pytest.mark.slow
 def test_cli_exit_codes(prepared: Path, tmp_path: Path) -> None:
     from seis.cli import app

@@ -31,33 +31,36 @@ def _refuse_own_seis(path: Path, what: str) -> None:
                              f"remove it")
 
 
-def validate_engine_tree(root: str | Path, what: str = "candidate", max_bytes: float = float("inf")) -> Path:
+def validate_engine_tree(root: str | Path, what: str = "candidate", max_bytes: float = float("inf"),
+                         shown: Path | None = None) -> Path:
     """The resolved directory, or GateInputError naming the first reason it cannot be evaluated. For a tree that
-    may still change (an agent's), validate the private copy that `snapshot` makes, not the source."""
+    may still change (an agent's), validate the private copy that `snapshot` makes, not the source; `shown`: the
+    directory messages name (the source the operator passed, not a private copy of it)."""
     path = Path(root).expanduser()
     if not path.is_dir():
-        raise GateInputError(f"{what} dir {path} does not exist or is not a directory")
+        raise GateInputError(f"{what} dir {shown or path} does not exist or is not a directory")
     path = path.resolve()
+    named = shown or path
     try:
         files = tree_files(path)  # refuses links and special files anywhere in the tree
     except TreeError as e:
-        raise GateInputError(f"{what} dir {path} cannot be judged as an engine tree: {e}") from None
+        raise GateInputError(f"{what} dir {named} cannot be judged as an engine tree: {e}") from None
     if "engine/__init__.py" not in files:
-        raise GateInputError(f"{what} dir {path} has no engine package (engine/__init__.py); "
+        raise GateInputError(f"{what} dir {named} has no engine package (engine/__init__.py); "
                              f"it must follow engine_template/CONTRACT.md")
     _refuse_own_seis(path, what)
     total = 0
     for rel in files:
         name = rel.rsplit("/", 1)[-1]
         if name in FORBIDDEN_FILES or name.endswith(".pth"):
-            raise GateInputError(f"{what} dir {path}: {rel} is not allowed (Python or pytest would run it "
+            raise GateInputError(f"{what} dir {named}: {rel} is not allowed (Python or pytest would run it "
                                  f"implicitly); remove it")
         if any(is_control_file(part) for part in rel.split("/")):
-            raise GateInputError(f"{what} dir {path}: {rel} is a version-control or DVC file, which an engine "
+            raise GateInputError(f"{what} dir {named}: {rel} is a version-control or DVC file, which an engine "
                                  f"tree may not hold; remove it")
         total += os.lstat(path / rel).st_size
         if total > max_bytes:
-            raise GateInputError(f"{what} dir {path} is larger than {max_bytes / 2**20:.0f} MiB")
+            raise GateInputError(f"{what} dir {named} is larger than {max_bytes / 2**20:.0f} MiB")
     return path
 
 
@@ -91,5 +94,5 @@ def snapshot(root: str | Path, dest: Path, what: str = "candidate", max_bytes: f
         copy_tree(source, dest, max_total_bytes=max_bytes)
     except TreeError as e:
         raise GateInputError(f"{what} dir {source} cannot be judged as an engine tree: {e}") from None
-    validate_engine_tree(dest, what, max_bytes)
+    validate_engine_tree(dest, what, max_bytes, shown=source)
     return Snapshot(source=source, path=dest, sha256=tree_sha256(dest))
