@@ -842,6 +842,22 @@ def test_library_rejects_bad_input_before_any_work(tmp_path, prepared_dir):
     assert not (tmp_path / "o").exists()  # nothing was written
 
 
+@pytest.mark.parametrize("gpus, device, says", [(0, "cuda", "no usable CUDA GPU"), (0, "cuda:0", "no usable CUDA GPU"),
+                                                  (2, "cuda:2", "GPUs 0 to 1")])
+def test_a_device_the_machine_lacks_is_bad_input_not_an_engine_failure(monkeypatch, tmp_path, prepared_dir, gpus,
+                                                                        device, says):
+    """--device cuda (or cuda:N past the GPUs there are) is refused before any work: it was let through, both
+    engines failed to build after the prompts were made, and the CLI said "engine failed during post-validation"
+    (exit 1), blaming the engine for the operator's flag."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(PostValError, match=f"--device {device}: this machine has {says}"):
+        run_post_validation(make_config(engine_dir=ENGINE_TEMPLATE, model="tiny-qwen3", device=device,
+                                        out_dir=tmp_path / "o", prepared_dir=prepared_dir))
+    assert not (tmp_path / "o").exists()
+
+
 def test_default_context_is_lowered_to_what_two_kv_caches_fit(monkeypatch):
     from seis.models import resolve_model
     from seis.postval import plan as plan_mod

@@ -124,6 +124,19 @@ def check_model(name: str) -> Path:
         raise PostValError(str(exc)) from None
 
 
+def check_device(device: str) -> None:
+    """A CUDA device asked for exists here: else both engines fail to build, which read as the engine's failure
+    (exit 1) after the prompts were made, not as the bad input it is."""
+    if not device.startswith("cuda"):
+        return
+    import torch  # lazy: only to ask which GPUs exist
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        have = f"GPUs 0 to {count - 1}" if count else "no usable CUDA GPU"
+        raise PostValError(f"--device {device}: this machine has {have}; use --device auto or cpu")
+
+
 def prepare_plan(config: PostValConfig) -> Plan:
     """Validate the inputs and build every prompt; raises PostValError before any engine work."""
     from ..prompts import load_tokenizer
@@ -131,6 +144,7 @@ def prepare_plan(config: PostValConfig) -> Plan:
 
     check_engine("--engine", config.engine_dir)
     check_engine("vanilla engine", config.vanilla_dir)
+    check_device(config.device)
     model_dir = check_model(config.model)
     from ..models.model_config import read_model_config
     model_cfg = read_model_config(model_dir, default_context=4096)
