@@ -219,6 +219,10 @@ def make_run_past_eos(dest: Path) -> Path:
     return overlay(copy_engine(dest), "run_past_eos")
 
 
+def make_cut_batch_tail(dest: Path) -> Path:
+    return overlay(copy_engine(dest), "cut_batch_tail")
+
+
 @dataclass(frozen=True)
 class Candidate:
     name: str
@@ -287,6 +291,9 @@ CANDIDATES: dict[str, Candidate] = {c.name: c for c in [
               "request is decoded greedily"),
     Candidate("two_stop_id_slots", make_two_stop_id_slots, "contract",
               "honours only the first two stop_token_ids of a request (a fixed two-slot stop buffer)"),
+    Candidate("cut_batch_tail", make_cut_batch_tail, "speed",
+              "ends a timed batch's last running rows at an EOS within the stop margin of the top-1, at most two a "
+              "call: the batch's wall time shrinks, the early ends stay too few for the sign test"),
     Candidate("run_past_eos", make_run_past_eos, "contract",
               "greedy EOS-on requests longer than the checks' pass over EOS at near-ties and, while such tokens "
               "stay under 2.5 % of the call's, where the EOS leads clearly: timed batch rows run past their end"),
