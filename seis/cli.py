@@ -253,6 +253,11 @@ def evolve(
                           return_state=True)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the engines are dead already, the flow has crashed
         _fail(f"interrupted; continue with: seis evolve --resume {config.out}", code=130)
+    except Exception as e:  # the Prefect API failed under the flow (its server's disk full, the server gone)
+        import httpx
+        if not isinstance(e, httpx.HTTPError):
+            raise
+        _fail(_api_failure(e, config.out), code=1)
     finally:
         _restore_signals(previous)
     if state.is_cancelled() and _completed(config.out):  # cancelled only after it completed: its results stand
@@ -265,6 +270,23 @@ def evolve(
     if recorded is not None and recorded.message:  # e.g. what post-validation flagged about the best engine
         typer.secho(f"note: {printable(recorded.message)}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"run directory: {printable(state.result())}")
+
+
+def _api_failure(error: Exception, out: Path) -> str:
+    """One line for a Prefect API that failed under the flow: its cause where the run's own server logged it (a
+    full disk: SQLite's "database or disk is full"), what to do next, never the client's traceback."""
+    from flows.local_server import run_home
+    log = run_home(out) / "server.log"
+    try:
+        full = "database or disk is full" in log.read_text(errors="replace")[-200_000:]
+    except OSError:
+        full = False
+    cause = (f"the disk holding {out} is full (its Prefect server's database cannot grow); free space, then"
+             if full else f"see {log};" if log.is_file() else "check the server at PREFECT_API_URL, then")
+    first = str(error).splitlines()[0].split(" - ")[0] if str(error) else type(error).__name__  # not httpx's links
+    then = (f" continue with: seis evolve --resume {out}" if (out / "config.json").is_file()
+            else " start the run again (nothing of it was recorded)")
+    return f"the run's Prefect API failed ({first}): {cause}{then}"
 
 
 def _status(out: Path):

@@ -233,6 +233,49 @@ def test_evolve_whose_cancellation_came_after_the_run_completed_follows_status_j
         assert out.exit_code == 1 and f"continue with: seis evolve --resume {config.out}" in out.stderr, out.output
 
 
+@pytest.mark.parametrize("recorded", [False, True])
+def test_evolve_whose_prefect_api_fails_says_why_in_one_line(tmp_path, monkeypatch, recorded):
+    """The run's own Prefect server on a full disk answers 500 to the flow's first call: `seis evolve` printed
+    Prefect's client traceback. Now one line names the full disk (from the server's log) and what to do: start
+    again where nothing was recorded, resume where the run's config is."""
+    import sys
+    from types import ModuleType
+
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+    from typer.testing import CliRunner
+
+    import flows.runtime
+    import seis.cli
+    from seis.run_config import RunConfig
+
+    config = RunConfig(out=tmp_path / "run", store=tmp_path / "store", model="tiny-qwen3", device="cpu")
+    (config.out / ".prefect").mkdir(parents=True)
+    (config.out / ".prefect" / "server.log").write_text("sqlite3.OperationalError: database or disk is full\n")
+    if recorded:
+        (config.out / "config.json").write_text(config.model_dump_json())
+
+    def seis_flow(**kw):
+        request = httpx.Request("POST", "http://127.0.0.1:1/api/flows/")
+        error = httpx.HTTPStatusError("Server error '500 Internal Server Error' for url 'http://127.0.0.1:1/api/"
+                                      "flows/'", request=request, response=httpx.Response(500, request=request))
+        raise PrefectHTTPStatusError.from_httpx_error(error)
+
+    flow = ModuleType("flows.seis_flow")
+    flow.seis = seis_flow
+    monkeypatch.setitem(sys.modules, "flows.seis_flow", flow)
+    monkeypatch.setattr(seis.cli, "_evolve_preflight", lambda values, resume: config)
+    monkeypatch.setattr(seis.cli, "_prefect_api", lambda out: None)
+    monkeypatch.setattr(seis.cli, "_stacks_on_sigusr1", lambda: None)  # needs a real stderr
+    monkeypatch.setattr(flows.runtime, "apply", lambda: None)
+    out = CliRunner().invoke(seis.cli.app, ["evolve"])
+    assert out.exit_code == 1, out.output
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the run's Prefect API failed (Server error '500"), lines
+    assert f"the disk holding {config.out} is full" in lines[0]
+    assert (f"continue with: seis evolve --resume {config.out}" in lines[0]) == recorded, lines[0]
+
+
 def test_a_run_refused_before_any_work_suggests_no_resume(tmp_path):
     """Refused at its start (another run took the output dir meanwhile), a run has nothing to resume: the hint
     pointed at the other run's directory."""
