@@ -52,6 +52,22 @@ def test_versus_refuses_a_missing_minisgl_when_asked_for(monkeypatch):
         versus.main(["--model", "tiny-qwen3", "--minisgl", "on"])
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--batches", "1,eight"], "--batches wants batch sizes separated by commas"),
+    (["--model", "no-such-model"], "--model: unknown model 'no-such-model'"),
+    (["--call-timeout", "-1"], "--call-timeout a positive number"),
+    (["--new-tokens", "0"], "--new-tokens need at least 1"),
+    (["--prompt-len", "0"], "--prompt-len and --new-tokens need at least 1"),
+])
+def test_bad_arguments_end_in_one_line_before_any_engine_starts(args, message, monkeypatch):
+    """A batch list that is no list of numbers, an unknown model or a negative call timeout ended in a traceback
+    (ValueError, ModelError); a prompt or output length below 1 was found only by E0, whose "E0 failed" blamed the
+    engine."""
+    monkeypatch.setattr(versus, "engine_trees", lambda *a: pytest.fail("an engine tree was made"))
+    with pytest.raises(SystemExit, match=message):
+        versus.main(["--model", "tiny-qwen3", "--minisgl", "off", *args])
+
+
 def test_several_stacks_each_under_its_label(tmp_path):
     stacks = versus.parse_stacks(["greedy-multistep-decode", "both=greedy-multistep-decode,overlapped-greedy-chunks"])
     assert stacks == [("E0 + greedy-multistep-decode", ["greedy-multistep-decode"]),

@@ -351,9 +351,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     json_out(args.json)
-    batches = [int(b) for b in args.batches.split(",") if b]
+    try:
+        batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    except ValueError:
+        raise SystemExit(f"--batches wants batch sizes separated by commas (e.g. 1,8,32), not {args.batches!r}") \
+            from None
     if not batches or min(batches) < 1 or args.reps < 3:
         raise SystemExit("--batches needs positive sizes, and --reps at least 3 (median of three or more)")
+    if args.prompt_len < 1 or args.new_tokens < 1 or not args.call_timeout > 0:  # not an engine's failure later
+        raise SystemExit("--prompt-len and --new-tokens need at least 1, and --call-timeout a positive number of "
+                         "seconds")
     available = importlib.util.find_spec("minisgl") is not None
     if args.minisgl == "on" and not available:
         raise SystemExit("--minisgl on: the `minisgl` package (sgl-project/mini-sglang) is not importable here")
@@ -364,7 +371,11 @@ def main(argv: list[str] | None = None) -> dict:
     from ..workspace.tree import scratch_dir, tree_hash
     from ..provenance import device_label, source_commit, weights_label
 
-    model_dir = Path(resolve_model(args.model))
+    from ..models import ModelError
+    try:
+        model_dir = Path(resolve_model(args.model))
+    except ModelError as e:
+        raise SystemExit(f"--model: {e}") from None
     stacks = parse_stacks(args.stack, args.stack_label)
     labelled = labelled_dirs(args.engine)
     calls = workloads(model_dir, batches, args.reps, args.prompt_len, not args.no_gsm8k)
