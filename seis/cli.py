@@ -72,6 +72,8 @@ def generate(
 
     if not prompt.strip():
         _fail("the prompt is empty")
+    if device not in ("auto", "cpu", "cuda"):  # else torch's list of two dozen device types, from the engine
+        _fail(f"--device must be auto, cpu or cuda, got {device!r}")
     if not 0.0 < top_p <= 1.0:
         _fail(f"--top-p must be in (0, 1], got {top_p}")
     try:

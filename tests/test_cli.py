@@ -51,6 +51,7 @@ def test_generate_chat_on_smollm2_answers():
     (["generate", "--model", "no-such-model", "hi"], "no-such-model"),
     (["generate", "--model", "tiny-qwen3", "   "], "prompt is empty"),
     (["generate", "--model", "tiny-qwen3", "--top-p", "0", "hi"], "top-p"),
+    (["generate", "--model", "tiny-qwen3", "--device", "gpu", "hi"], "--device must be auto, cpu or cuda, got 'gpu'"),
     (["models", "prepare", "no-such-model"], "no-such-model"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(args, message):
