@@ -38,7 +38,8 @@ class RunConfig(BaseModel):
                           "quick)")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the engines and the gate's sampled checks")
     objective: Literal["single", "throughput", "both", "none"] = Field(
-        None, description="retain rule's speed half: not slower than the parent beyond noise on the one-at-a-time "
+        None, description="retain rule's speed half: not slower than the parent (per repetition, over vanilla's) "
+                          "or than vanilla beyond noise on the one-at-a-time "
                           "dev workloads (single), the batched one (throughput), all (both; default on CUDA) or "
                           "none (the checks alone; default elsewhere, where timings say nothing of a GPU engine)")
     post_validate: Literal["off", "quick", "full"] = Field(

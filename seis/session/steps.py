@@ -146,8 +146,8 @@ def _diff_or_reason(workspace: Workspace, reasons: tuple[str, ...] = ()) -> str:
 
 def decide(spec: SessionSpec, gate_result, reasons: tuple[str, ...], objective: str = "both"
            ) -> tuple[bool, tuple[str, ...]]:
-    """Retain only a passing candidate that is not slower than its parent beyond measured noise on a timed
-    workload of the run's objective (seis.session.objective), and whose judged tree holds no secret: a key in
+    """Retain only a passing candidate that is not slower than its parent or than vanilla beyond measured noise on a
+    timed workload of the run's objective (seis.session.objective), and whose judged tree holds no secret: a key in
     engine code would travel with the snapshot to every later session, peer and remote."""
     if gate_result is None or gate_result.verdict != "pass":
         return False, reasons
