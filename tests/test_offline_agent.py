@@ -43,6 +43,25 @@ def test_library_has_real_entries():
         assert all(f.startswith("engine/") for f in t.target_files)
 
 
+@pytest.mark.parametrize("name, text, says", [
+    ("meta.yaml", "name: [\n", "meta.yaml cannot be read: while parsing"),
+    ("meta.yaml", "- a list\n", "meta.yaml holds a list, not a mapping"),
+    ("meta.yaml", "just words\n", "meta.yaml holds a str, not a mapping"),
+    ("meta.json", "{\"name\": ", "meta.json cannot be read: Expecting value"),
+    ("meta.yaml", b"name: \xff\n", "meta.yaml cannot be read: 'utf-8' codec"),
+])
+def test_an_unreadable_meta_file_is_a_value_error_naming_it(tmp_path, name, text, says):
+    """An operator's library (--agent-library) with a typo in one meta.yaml: load_library raised yaml's own error
+    (or a TypeError for a meta that is no mapping), which `seis evolve`'s checks did not catch, so the run ended in
+    a traceback instead of one line naming the file."""
+    entry = tmp_path / "lib" / "t1"
+    entry.mkdir(parents=True)
+    (entry / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError) as info:
+        load_library(tmp_path / "lib")
+    assert f"{entry / name} " in str(info.value) and says in str(info.value), info.value
+
+
 def test_applies_a_transformation_and_writes_the_report(tmp_path):
     ws = _ws(tmp_path)
     agent = OfflineAgent()

@@ -37,11 +37,21 @@ class Transformation:
 
 
 def _read_meta(d: Path) -> dict:
-    if (d / "meta.yaml").is_file():
-        import yaml  # lazy: only libraries with YAML metadata need it
-        return yaml.safe_load((d / "meta.yaml").read_text(encoding="utf-8")) or {}
-    if (d / "meta.json").is_file():
-        return json.loads((d / "meta.json").read_text(encoding="utf-8"))
+    """The meta file's mapping; ValueError naming the file where it is no YAML (JSON) or not a mapping: a typo in
+    one meta.yaml of an operator's library ended `seis evolve --agent-library` in a YAML traceback."""
+    import yaml  # lazy: only libraries with YAML metadata need it
+    for name, parse in (("meta.yaml", yaml.safe_load), ("meta.json", json.loads)):
+        if (d / name).is_file():
+            try:
+                meta = parse((d / name).read_text(encoding="utf-8"))
+            except (yaml.YAMLError, ValueError) as e:  # JSON's and UTF-8's errors are ValueErrors
+                raise ValueError(f"{d / name} cannot be read: {' '.join(str(e).split())}") from None
+            if meta is None:
+                return {}
+            if not isinstance(meta, dict):
+                raise ValueError(f"{d / name} holds a {type(meta).__name__}, not a mapping of name, rationale, "
+                                 f"expected_effect, target_files")
+            return meta
     raise ValueError(f"{d} has neither meta.yaml nor meta.json")
 
 
