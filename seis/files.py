@@ -7,12 +7,15 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomic(path: Path, text: str) -> Path:
+def write_atomic(path: Path, text: str, mode: int | None = None) -> Path:
     """Write `text` to a temporary file beside `path` (a name of its own, so writers at once never share one), then
-    rename it over `path`; the rename replaces a link at `path` rather than writing through it."""
+    rename it over `path`; the rename replaces a link at `path` rather than writing through it. The file gets `mode`,
+    else what open() gives a new file (0666 less the umask): mkstemp's 0600 kept a run's status, outcomes and best
+    engine from every other user, who could read its config and reports."""
     path = Path(path)
     fd, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
+        os.fchmod(fd, mode if mode is not None else 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(part, path)
@@ -20,3 +23,15 @@ def write_atomic(path: Path, text: str) -> Path:
         Path(part).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (os.umask sets it, for every thread, while it reads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022

@@ -181,7 +181,8 @@ def snapshot_or_keep_parent(store, spec: SessionSpec, gate_result, retained: boo
     except TreeRefused as e:
         why = f"not retained: the snapshot could not be stored: {e.detail.strip().splitlines()[0]}"
     except (StoreError, DvcError, OSError, TreeError) as e:
-        write_atomic(Path(spec.session_dir) / STORE_ERROR, f"{type(e).__name__}: {e}\n")
+        # the operator's alone: DVC's text may name a remote's URL with its credentials
+        write_atomic(Path(spec.session_dir) / STORE_ERROR, f"{type(e).__name__}: {e}\n", mode=0o600)
         why = f"not retained: the snapshot could not be stored: the snapshot store failed (see {STORE_ERROR})"
     return Retention(spec.parent_snapshot, False, (*reasons, why))
 
