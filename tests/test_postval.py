@@ -963,3 +963,14 @@ def test_reports_say_which_attention_vanilla_ran_and_warn_when_it_is_not_flashin
     installed["flashinfer"] = False
     assert vanilla_backend_note({"attention_backend": "triton"}, "cuda") == "vanilla E0's attention backend: triton"
     assert vanilla_backend_note({"attention_backend": 3}, "cuda") is None and vanilla_backend_note({}, "cuda") is None
+
+
+def test_fixed_single_requests_are_at_most_the_speed_requests_they_are_taken_from() -> None:
+    """--fixed-single-requests 500 --speed-requests 10 was accepted and timed 114 single requests, though the
+    fixed-length ones are the first of the speed requests; left to its default, the count follows a smaller pool."""
+    base = {"engine_dir": ENGINE_TEMPLATE, "model": "tiny-qwen3"}
+    with pytest.raises(PostValError, match=r"fixed_single_requests \(500\) are the first of the speed_requests \(10\)"):
+        make_config(**base, speed_requests=10, fixed_single_requests=500)
+    assert make_config(**base, speed_requests=4).fixed_single_requests == 4
+    assert make_config(**base, quick=True, speed_requests=1).fixed_single_requests == 1
+    assert make_config(**base, speed_requests=10, fixed_single_requests=10).fixed_single_requests == 10

@@ -101,8 +101,11 @@ class PostValConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _apply_quick(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("quick"):
-            data = {**QUICK, **{k: v for k, v in data.items() if v is not None or k not in QUICK}}
+        if isinstance(data, dict):
+            asked = "fixed_single_requests" in data
+            if data.get("quick"):
+                data = {**QUICK, **{k: v for k, v in data.items() if v is not None or k not in QUICK}}
+            data = _fixed_of_the_speed_requests(data, asked)
         return data
 
     @field_validator("device")
@@ -131,6 +134,19 @@ class PostValConfig(BaseModel):
         if self.max_seq_len is not None:
             opts["max_seq_len"] = self.max_seq_len
         return opts
+
+
+def _fixed_of_the_speed_requests(data: dict, asked: bool) -> dict:
+    """The fixed-length single requests are the first of the speed requests: asked for more, an error; left to the
+    default (or --quick's), as many as there are."""
+    speed = data.get("speed_requests", PostValConfig.model_fields["speed_requests"].default)
+    fixed = data.get("fixed_single_requests", PostValConfig.model_fields["fixed_single_requests"].default)
+    if not (isinstance(speed, int) and isinstance(fixed, int)) or fixed <= speed:
+        return data  # a wrong type is the fields' own error
+    if asked:
+        raise ValueError(f"fixed_single_requests ({fixed}) are the first of the speed_requests ({speed}): ask for at "
+                         f"most as many")
+    return {**data, "fixed_single_requests": speed}
 
 
 def make_config(**values: Any) -> PostValConfig:
