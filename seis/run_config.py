@@ -19,7 +19,7 @@ AGENTS_AVAILABLE = ("offline", "anthropic", "openai", "cli")   # the agents a se
 
 
 class RunConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # no limit is None, not inf
 
     protocol: Protocol = Field(
         "sync-chain", description="branching (every session from E0), chain (each session inherits its chain's last "

@@ -101,6 +101,7 @@ def test_evolve_options_reach_the_config_as_given(monkeypatch, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--chains", "0"], "--chains: Input should be greater than or equal to 1"),
     (["--max-cost-usd", "-1"], "--max-cost-usd: Input should be greater than 0"),
+    (["--max-cost-usd", "inf"], "--max-cost-usd: Input should be a finite number"),  # no limit is leaving it out
     (["--session-deployment", "no-slash"], "--session-deployment: String should match pattern"),
     (["--agent-prices", "[1, 2]"], "--agent-prices: Input should be a valid dictionary"),  # JSON, not a list option
 ])
