@@ -327,10 +327,10 @@ def _after_failure(out: Path, message: str | None = None) -> str:
 @app.command()
 def timeline(run_dir: Path = typer.Argument(..., help="A run directory (finished or not).")) -> None:
     """When and where each gate of a run ran (worker, device, seconds from the first), and what overlapped."""
-    from .session.timeline import gate_spans, timeline_markdown
+    from .session.timeline import read_gates, timeline_markdown
     if not (run_dir / "config.json").is_file():
         _fail(f"{run_dir} is not a SEIS run directory (no config.json)")
-    typer.echo(printable(timeline_markdown(gate_spans(run_dir))))
+    typer.echo(printable(timeline_markdown(*read_gates(run_dir))))
 
 
 def _evolve_preflight(values: dict, resume: Optional[Path]):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from seis.postval import plot_gate_timeline
 from seis.session.dispatch import SessionReply, WorkerInfo
-from seis.session.timeline import gate_spans, most_at_once, most_at_once_per_lane, timeline_markdown
+from seis.session.timeline import gate_spans, most_at_once, most_at_once_per_lane, read_gates, timeline_markdown
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
 
@@ -48,3 +48,17 @@ def test_in_process_sessions_share_one_lane_and_an_overlap_there_shows(tmp_path)
     assert {s.lane for s in spans} == {"local"}
     assert most_at_once_per_lane(spans) == {"local": 2}
     assert timeline_markdown([]) == "no gate has run yet"
+
+
+def test_a_gate_json_that_cannot_be_read_is_named_not_left_out_unsaid(tmp_path):
+    """`seis timeline` showed 1 gate where the run had 2, one gate.json being corrupt, with no word of it."""
+    run = tmp_path / "run"
+    _session(run, "c0", 0, 0.0, 50.0)
+    _session(run, "c0", 1, 50.0, 50.0)
+    (run / "chains" / "c0" / "001" / "gate.json").write_text('{"started_at": "2026-12')
+    (run / "chains" / "c0" / "002").mkdir()                     # no gate yet: nothing to say
+    spans, unreadable = read_gates(run)
+    assert [(s.chain, s.session) for s in spans] == [("c0", 0)] and unreadable == ["c0/001"]
+    text = timeline_markdown(spans, unreadable)
+    assert "1 gates" in text and text.endswith("1 gate.json unreadable, left out: c0/001")
+    assert timeline_markdown([], unreadable).startswith("no readable gate")

@@ -122,9 +122,9 @@ class RunDir:
     def write_timeline(self) -> Path:
         """When and where each gate ran: timeline.md and figures/timeline.png."""
         from ..postval import plot_gate_timeline
-        from .timeline import gate_spans, timeline_markdown
-        spans = gate_spans(self.root)
-        (self.root / "timeline.md").write_text(timeline_markdown(spans) + "\n")
+        from .timeline import read_gates, timeline_markdown
+        spans, unreadable = read_gates(self.root)
+        (self.root / "timeline.md").write_text(timeline_markdown(spans, unreadable) + "\n")
         path = self.root / "figures" / "timeline.png"
         plot_gate_timeline(spans, path)
         return path

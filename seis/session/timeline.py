@@ -35,20 +35,30 @@ class GateSpan:
 
 
 def gate_spans(run_root: Path) -> list[GateSpan]:
-    """Every session of the run that has a gate.json, in start order (unreadable ones are left out)."""
-    spans = []
+    """Every session of the run that has a readable gate.json, in start order."""
+    return read_gates(run_root)[0]
+
+
+def read_gates(run_root: Path) -> tuple[list[GateSpan], list[str]]:
+    """The spans of every session that has a gate.json, in start order, and the sessions (chain/NNN) whose
+    gate.json is there but unreadable, which the timeline names rather than leaving a gate out unsaid."""
+    spans, unreadable = [], []
     for session_dir in sorted(Path(run_root).glob("chains/*/[0-9][0-9][0-9]")):
+        path = session_dir / "gate.json"
+        if not path.is_file():
+            continue  # no gate yet
         try:
-            gate = json.loads((session_dir / "gate.json").read_text())
+            gate = json.loads(path.read_text())
             start = datetime.fromisoformat(gate["started_at"])
             end = start + timedelta(seconds=float(gate["wall_s"]))
         except (OSError, ValueError, KeyError, TypeError):
+            unreadable.append(f"{session_dir.parent.name}/{session_dir.name}")
             continue
         reply = SessionReply.load(session_dir)
         worker, device = (reply.worker.worker, reply.worker.device) if reply is not None else (LOCAL, "")
         spans.append(GateSpan(session_dir.parent.name, int(session_dir.name), worker, device, start, end,
                               str(gate.get("verdict", ""))))
-    return sorted(spans, key=lambda s: (s.start, s.chain))
+    return sorted(spans, key=lambda s: (s.start, s.chain)), unreadable
 
 
 def most_at_once(spans: list[GateSpan]) -> int:
@@ -68,12 +78,14 @@ def most_at_once_per_lane(spans: list[GateSpan]) -> dict[str, int]:
     return {lane: most_at_once(group) for lane, group in sorted(lanes.items())}
 
 
-def timeline_markdown(spans: list[GateSpan]) -> str:
-    """The spans as a table (seconds from the first gate's start) and what overlapped."""
+def timeline_markdown(spans: list[GateSpan], unreadable: list[str] | None = None) -> str:
+    """The spans as a table (seconds from the first gate's start) and what overlapped; then the sessions whose
+    gate.json could not be read."""
     import pandas as pd
 
+    missing = (f"\n{len(unreadable)} gate.json unreadable, left out: {', '.join(unreadable)}" if unreadable else "")
     if not spans:
-        return "no gate has run yet"
+        return ("no readable gate" if unreadable else "no gate has run yet") + missing
     t0 = min(s.start for s in spans)
     df = pd.DataFrame([{"chain": s.chain, "session": s.session, "where": s.lane, "verdict": s.verdict,
                         "start_s": (s.start - t0).total_seconds(), "end_s": (s.end - t0).total_seconds(),
@@ -85,4 +97,4 @@ def timeline_markdown(spans: list[GateSpan]) -> str:
              f"{len(spans)} gates from {t0.isoformat(timespec='seconds')}: {wall:.1f} s of wall time, {busy:.1f} s "
              f"of gate time; at most {most_at_once(spans)} at once",
              "at most at once per worker and device: " + ", ".join(f"{k}: {v}" for k, v in per_lane.items())]
-    return "\n".join(lines)
+    return "\n".join(lines) + missing
