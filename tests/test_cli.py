@@ -198,17 +198,33 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(tmp_pa
     assert (tmp_path / "file").read_text() == "kept\n" and not any((tmp_path / "dir").iterdir())
 
 
+def _evolve_with_flow(monkeypatch, config, flow_fn):
+    """`seis evolve` run in process on `config`, with `flow_fn` in place of the flow and no Prefect server."""
+    import sys
+    from types import ModuleType
+
+    from typer.testing import CliRunner
+
+    import flows.runtime
+    import seis.cli
+
+    flow = ModuleType("flows.seis_flow")
+    flow.seis = flow_fn
+    monkeypatch.setitem(sys.modules, "flows.seis_flow", flow)
+    monkeypatch.setattr(seis.cli, "_evolve_preflight", lambda values, resume: config)
+    monkeypatch.setattr(seis.cli, "_prefect_api", lambda out: None)
+    monkeypatch.setattr(seis.cli, "_stacks_on_sigusr1", lambda: None)  # needs a real stderr
+    monkeypatch.setattr(flows.runtime, "apply", lambda: None)
+    return CliRunner().invoke(seis.cli.app, ["evolve"])
+
+
 @pytest.mark.parametrize("recorded", ["complete", "cancelled"])
 def test_evolve_whose_cancellation_came_after_the_run_completed_follows_status_json(tmp_path, monkeypatch, recorded):
     """A cancellation seen just after the run completed ends the flow Cancelled, yet status.json keeps `complete`:
     `seis evolve` says so in one line and exits 0 (before: exit 1 and "continue with: seis evolve --resume", a
     resume of a complete run). A run the cancellation did stop still exits 1 with the resume hint."""
-    import sys
-    from types import ModuleType, SimpleNamespace
+    from types import SimpleNamespace
 
-    from typer.testing import CliRunner
-
-    import flows.runtime
     import seis.cli
     from seis.run_config import RunConfig
     from seis.session import RunDir
@@ -217,15 +233,10 @@ def test_evolve_whose_cancellation_came_after_the_run_completed_follows_status_j
     run = RunDir.create(config.out, config.model_dump_json(indent=2))
     run.set_status("running", restart=True, flow_run_id="fr-1", sessions_total=1)
     run.set_status(recorded, flow_run_id="fr-1", sessions_done=1)
-    flow = ModuleType("flows.seis_flow")   # the flow as it ended: Cancelled, status.json as above (no server)
-    flow.seis = lambda **kw: SimpleNamespace(is_completed=lambda: False, is_cancelled=lambda: True, name="Cancelled",
-                                             message=f"the run in {config.out} was cancelled")
-    monkeypatch.setitem(sys.modules, "flows.seis_flow", flow)
-    monkeypatch.setattr(seis.cli, "_evolve_preflight", lambda values, resume: config)
-    monkeypatch.setattr(seis.cli, "_prefect_api", lambda out: None)
-    monkeypatch.setattr(seis.cli, "_stacks_on_sigusr1", lambda: None)  # needs a real stderr
-    monkeypatch.setattr(flows.runtime, "apply", lambda: None)
-    out = CliRunner().invoke(seis.cli.app, ["evolve"])
+    # the flow as it ended: Cancelled, status.json as above
+    out = _evolve_with_flow(monkeypatch, config, lambda **kw: SimpleNamespace(
+        is_completed=lambda: False, is_cancelled=lambda: True, name="Cancelled",
+        message=f"the run in {config.out} was cancelled"))
     if recorded == "complete":
         assert out.exit_code == 0, out.output
         assert "--resume" not in out.output and "complete" in out.stdout and str(config.out) in out.stdout
@@ -240,15 +251,9 @@ def test_evolve_whose_prefect_api_fails_says_why_in_one_line(tmp_path, monkeypat
     """The run's own Prefect server on a full disk answers 500 to the flow's first call: `seis evolve` printed
     Prefect's client traceback. Now one line names the full disk (from the server's log) and what to do: start
     again where nothing was recorded, resume where the run's config is."""
-    import sys
-    from types import ModuleType
-
     import httpx
     from prefect.exceptions import PrefectHTTPStatusError
-    from typer.testing import CliRunner
 
-    import flows.runtime
-    import seis.cli
     from seis.run_config import RunConfig
 
     config = RunConfig(out=tmp_path / "run", store=tmp_path / "store", model="tiny-qwen3", device="cpu")
@@ -263,14 +268,7 @@ def test_evolve_whose_prefect_api_fails_says_why_in_one_line(tmp_path, monkeypat
                                       "flows/'", request=request, response=httpx.Response(500, request=request))
         raise PrefectHTTPStatusError.from_httpx_error(error)
 
-    flow = ModuleType("flows.seis_flow")
-    flow.seis = seis_flow
-    monkeypatch.setitem(sys.modules, "flows.seis_flow", flow)
-    monkeypatch.setattr(seis.cli, "_evolve_preflight", lambda values, resume: config)
-    monkeypatch.setattr(seis.cli, "_prefect_api", lambda out: None)
-    monkeypatch.setattr(seis.cli, "_stacks_on_sigusr1", lambda: None)  # needs a real stderr
-    monkeypatch.setattr(flows.runtime, "apply", lambda: None)
-    out = CliRunner().invoke(seis.cli.app, ["evolve"])
+    out = _evolve_with_flow(monkeypatch, config, seis_flow)
     assert out.exit_code == 1, out.output
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the run's Prefect API failed (Server error '500"), lines
