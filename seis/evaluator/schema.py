@@ -104,6 +104,11 @@ class SpeedStat(_Model):
     n: int
     values: list[float]
 
+    @classmethod
+    def of(cls, values: list[float]) -> "SpeedStat":
+        from ..stats import summarize
+        return cls(**summarize(values))
+
 
 class SpeedWorkloadInfo(_Model):
     name: str

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from ..engine_host.affinity import pinned_frozen
 from .engines import EngineHandle, GenerationOut
 from ..engine_host.gpu_idle import GpuIdle
-from ..stats import summarize
 from .gate_config import SpeedConfig
 from .schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
 from .workloads import PromptSet, SpeedWorkload
@@ -70,10 +69,6 @@ def _calls(ps: PromptSet, batch: int) -> list[tuple[list[list[int]], list]]:
     if batch > 1:
         return [(prompts, sampling)]
     return [([p], [s]) for p, s in zip(prompts, sampling)]
-
-
-def _stat(values: list[float]) -> SpeedStat:
-    return SpeedStat(**summarize(values))
 
 
 def _pass_tok_per_s(p: list[Timing]) -> float:
@@ -166,7 +161,7 @@ def _rows(workload: str, names: list[str], passes: dict[str, list[list[Timing]]]
         toks = [sum(t for t, _ in p) for p in passes[name]] if good else []
         rows.append(SpeedRow(
             workload=workload, engine=name, tokens_per_pass=statistics.median(toks) if toks else 0.0,
-            tok_per_s=_stat(tps) if good else None, latency_ms=_stat(lat) if good else None,
+            tok_per_s=SpeedStat.of(tps) if good else None, latency_ms=SpeedStat.of(lat) if good else None,
             vs_parent=(_paired_ratio(passes[name], passes["parent"])
                        if good and name != "parent" and "parent" in ok else None),
             vs_vanilla=(_paired_ratio(passes[name], passes["vanilla"])

@@ -19,9 +19,9 @@ beyond noise, retained at every step.
 """
 from __future__ import annotations
 
-import statistics
-from typing import Literal, NamedTuple
+from typing import Literal
 
+from ..evaluator.schema import SpeedStat
 from .progress import within_noise
 
 Objective = Literal["single", "throughput", "both", "none"]
@@ -73,17 +73,7 @@ def slower_than_parent(speed, objective: str = "both") -> list[str]:
     return out
 
 
-class _Range(NamedTuple):
-    median: float
-    min: float
-    max: float
-
-
-def _range(values: list[float]) -> _Range:
-    return _Range(statistics.median(values), min(values), max(values))
-
-
-def _paired(cand, parent, vanilla) -> tuple[_Range, _Range] | None:
+def _paired(cand, parent, vanilla) -> tuple[SpeedStat, SpeedStat] | None:
     """The candidate's and the parent's tok/s per repetition, each over vanilla's in the same repetition (the same
     prompts, calls interleaved), or None where they cannot be paired. Every repetition times other prompts, and on
     natural-length workloads their lengths alone moved every engine's tok/s alike by several percent (E0 at 565.6–
@@ -94,5 +84,5 @@ def _paired(cand, parent, vanilla) -> tuple[_Range, _Range] | None:
     if vanilla is None or not (len(cand.values) == len(parent.values) == len(vanilla.values) > 0) \
             or min(vanilla.values) <= 0:
         return None
-    return (_range([c / v for c, v in zip(cand.values, vanilla.values)]),
-            _range([p / v for p, v in zip(parent.values, vanilla.values)]))
+    return (SpeedStat.of([c / v for c, v in zip(cand.values, vanilla.values)]),
+            SpeedStat.of([p / v for p, v in zip(parent.values, vanilla.values)]))
