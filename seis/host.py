@@ -13,6 +13,18 @@ def runs_on_cuda(device: str) -> bool:
     return torch.cuda.is_available()
 
 
+def missing_device(device: str) -> str | None:
+    """Why the CUDA device `device` (cuda, cuda:N) is not on this host ("this machine has ..."), or None: it is, or
+    `device` is cpu or auto, which always land somewhere."""
+    if device.split(":")[0] != "cuda":
+        return None
+    import torch  # lazy: only to ask which GPUs exist
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(device.partition(":")[2] or 0) < count:
+        return None
+    return f"this machine has GPUs 0 to {count - 1}" if count else "this machine has no usable CUDA GPU"
+
+
 def available_ram_bytes() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

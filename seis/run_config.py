@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .host import runs_on_cuda
+from .host import missing_device, runs_on_cuda
 
 Protocol = Literal["branching", "chain", "sync-chain"]
 AgentKind = Literal["offline", "anthropic", "openai", "cli"]
@@ -191,10 +191,10 @@ class RunConfig(BaseModel):
         workers' devices); without one every session would only end in an error."""
         if self.device != "cuda" or self.dispatch == "workers":
             return
-        import torch  # lazy: as runs_on_cuda does for device auto
-        if not torch.cuda.is_available():
-            raise ValueError("device cuda was asked for, but this machine has no usable CUDA GPU "
-                             "(torch.cuda.is_available() is False): run on a GPU host, or use device cpu or auto")
+        why = missing_device(self.device)
+        if why:
+            raise ValueError(f"device cuda was asked for, but {why} (torch.cuda.is_available() is False): run on "
+                             f"a GPU host, or use device cpu or auto")
 
     def _check_store(self) -> None:
         """The snapshot store is a directory, or can be made one, and is writable (nothing made here)."""

@@ -40,14 +40,11 @@ def _sha(text: str) -> str:
 
 
 def resolve_device(name: str) -> str:
-    if name == "cpu":
-        return "cpu"
-    import torch  # only to ask whether CUDA exists
-    if torch.cuda.is_available():
-        return "cuda"
-    if name == "cuda":
-        raise GateInputError("--device cuda was requested but CUDA is not available here")
-    return "cpu"
+    from ..host import missing_device, runs_on_cuda
+    why = missing_device(name)
+    if why:
+        raise GateInputError(f"--device {name} was requested but {why}")
+    return "cuda" if runs_on_cuda(name) else "cpu"
 
 
 def _resolve_model(name: str) -> Path:

@@ -127,14 +127,10 @@ def check_model(name: str) -> Path:
 def check_device(device: str) -> None:
     """A CUDA device asked for exists here: else both engines fail to build, which read as the engine's failure
     (exit 1) after the prompts were made, not as the bad input it is."""
-    if not device.startswith("cuda"):
-        return
-    import torch  # lazy: only to ask which GPUs exist
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = int(device.partition(":")[2] or 0)
-    if index >= count:
-        have = f"GPUs 0 to {count - 1}" if count else "no usable CUDA GPU"
-        raise PostValError(f"--device {device}: this machine has {have}; use --device auto or cpu")
+    from ..host import missing_device
+    why = missing_device(device)
+    if why:
+        raise PostValError(f"--device {device}: {why}; use --device auto or cpu")
 
 
 def prepare_plan(config: PostValConfig) -> Plan:
