@@ -572,13 +572,21 @@ def test_a_candidate_that_runs_while_frozen_fails_post_validation(tmp_path, prep
 
     cand = hostile(tmp_path / "wakes", WAKES_WHILE_FROZEN)
     # 64-token timed requests: the engine is frozen for each of vanilla's, and a window shorter than its 5 ms timer
-    # (16 tokens of a two-layer model, on an idle machine) can pass without a wake-up
-    with pytest.raises(EngineError, match="ran while it was frozen"):
-        run_post_validation(make_config(engine_dir=cand, out_dir=tmp_path / "out", prepared_dir=prepared_dir,
-                                        **dict(HOSTILE, gsm8k_items=0, dev_requests=0, heldout=False,
-                                               bandwidth_gbs=10.0, natural_max_new_tokens=64,
-                                               fixed_new_tokens=64)))
-    assert not (tmp_path / "out" / "postval.json").exists()
+    # (16 tokens of a two-layer model, on an idle machine) can pass without a wake-up. On a loaded machine the
+    # timer's SIGCONT can still be pending when a freeze discards it, parking the timer for that window; twice in
+    # full runs no window of one run woke it. So up to three runs: the probe must wake in one, and be caught.
+    for attempt in range(3):
+        out = tmp_path / f"out-{attempt}"
+        try:
+            run_post_validation(make_config(engine_dir=cand, out_dir=out, prepared_dir=prepared_dir,
+                                            **dict(HOSTILE, gsm8k_items=0, dev_requests=0, heldout=False,
+                                                   bandwidth_gbs=10.0, natural_max_new_tokens=64,
+                                                   fixed_new_tokens=64)))
+        except EngineError as e:
+            assert "ran while it was frozen" in str(e), e
+            assert not (out / "postval.json").exists()
+            return
+    pytest.fail("the candidate that wakes itself while frozen passed post-validation three times")
 
 
 def test_warm_ups_run_on_every_cpu_and_only_the_timed_sets_share_one(engine_pid):
