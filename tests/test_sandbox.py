@@ -430,31 +430,47 @@ def test_freeze_stops_what_runs_in_namespaces_the_sandbox_made() -> None:
 
 # A process that has the kernel resume it: a POSIX timer whose signal is SIGCONT, then a spin. SIGCONT is handled
 # (recent kernels park a timer whose signal is ignored, as SIGCONT's default is once it resumed nothing), and a
-# thread arms the timer again every 10 ms for 200 ms ahead, so while the process runs the timer never fires: a
-# SIGSTOP that finds a SIGCONT of the timer pending drops it and parks the timer, which on a loaded machine (the
-# timer firing while its threads wait for a core) happened often with a 20 ms timer. Once the freeze stops the
-# arming, the timer fires within 200 ms, during the freeze however late the freeze comes.
-WAKES_ITSELF = textwrap.dedent("""
-    import ctypes, signal, threading, time
+# thread arms the timer again every 10 ms for 500 ms ahead, so while the process runs the timer never fires: a
+# SIGSTOP that finds a SIGCONT of the timer pending drops it and parks the timer until the next arming. Once the
+# freeze stops the arming, the timer fires 500 ms later, after the freeze however late it comes (a freeze that
+# itself takes longer catches the wake, and that round tells nothing). The handler writes "w" to stdout: the
+# test's own witness that the process ran, beside what thaw() reads from /proc. With arm=False the same program
+# never arms its timer and must stay stopped.
+SELF_WAKING = textwrap.dedent("""
+    import ctypes, os, signal, threading, time
     libc = ctypes.CDLL(None, use_errno=True)
     class Event(ctypes.Structure):
         _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
                     ("pad", ctypes.c_byte * 48)]
     class Spec(ctypes.Structure):
         _fields_ = [("interval", ctypes.c_long * 2), ("value", ctypes.c_long * 2)]
-    signal.signal(signal.SIGCONT, lambda *_: None)
+    signal.signal(signal.SIGCONT, lambda *_: os.write(1, b"w"))
     event, timer = Event(signo=signal.SIGCONT, notify=0), ctypes.c_void_p()  # SIGEV_SIGNAL
     assert libc.timer_create(1, ctypes.byref(event), ctypes.byref(timer)) == 0
-    every = (ctypes.c_long * 2)(0, 200_000_000)
+    every = (ctypes.c_long * 2)(0, 500_000_000)
     def arm():
         while True:
             libc.timer_settime(timer, 0, ctypes.byref(Spec(every, every)), None)
             time.sleep(0.01)
-    threading.Thread(target=arm, daemon=True).start()
-    print("armed", flush=True)
+    if {arm}:
+        threading.Thread(target=arm, daemon=True).start()
+    os.write(1, b"armed")
     while True:
         pass
     """)
+
+
+def _drain(fd: int) -> bytes:
+    """What the pipe holds now, without waiting."""
+    got = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
 
 
 @pytest.mark.parametrize("wakes", [False, True])
@@ -462,21 +478,26 @@ def test_a_sandbox_that_runs_while_frozen_is_told_when_it_is_thawed(wakes: bool)
     """SIGSTOP is not a freeze the sandbox cannot undo: the kernel resumes a stopped process when a signal it
     arranged itself is SIGCONT (a POSIX timer's, a file's F_SETSIG, a child's exit signal), with nothing of the
     sandbox left running to send it. Such a process ran beside the engine being timed (it could slow it down)
-    while freeze() had seen it stopped. thaw() says whether any process of the sandbox ran since freeze();
-    a spinner that stays stopped did not."""
-    code = WAKES_ITSELF if wakes else "print('armed', flush=True)\nwhile True:\n    pass\n"
-    box = SandboxedProcess(["python3", "-c", code], SandboxPolicy(binds=(), env=allowed_env()))
-    proc = box.start()
+    while freeze() had seen it stopped. thaw() says whether any process of the sandbox ran since freeze(), and
+    says it exactly when the process's own witness shows it ran; a spinner that stays stopped did not."""
+    box = SandboxedProcess(["python3", "-c", SELF_WAKING.format(arm=wakes)],
+                           SandboxPolicy(binds=(), env=allowed_env()))
+    fd = box.start().stdout.fileno()
     try:
-        assert proc.stdout.readline() == b"armed\n"
-        told = []
-        for _ in range(3):  # on a loaded machine a timer may miss one freeze; it cannot be told of a run every time
+        assert os.read(fd, 5) == b"armed"
+        os.set_blocking(fd, False)
+        told, witnessed = [], []
+        for _ in range(3):  # a timer that fires while freeze() is still at work is caught by it, and parked
             box.freeze()
-            time.sleep(0.5)
+            _drain(fd)  # a wake that freeze() caught, or the last round's thaw
+            time.sleep(1.2)
+            witnessed.append(b"w" in _drain(fd))
             told.append(box.thaw())
-            if wakes and told[-1]:
+            if wakes and witnessed[-1]:
                 break
-        assert any(told) if wakes else told == [False] * 3, told
+            time.sleep(0.3)  # resumed, the process arms its timer again before the next freeze
+        assert told == witnessed, (told, witnessed)
+        assert any(witnessed) == wakes, witnessed
     finally:
         box.kill()
 
