@@ -330,7 +330,7 @@ def _finish(config: RunConfig, run: RunDir, vanilla: str, outcomes, failure: str
     run.write_summary(rows)
     figure = run.write_chain_figure()
     run.write_timeline()
-    best, best_within_noise = pick_best_of_run(run.root, outcomes)   # a gain within noise ranks as 1.0x
+    best, best_within_noise = pick_best_of_run(run.root, outcomes, config.objective)  # noise: ranked 1.0x
     run.write_best(best_record(best, best_within_noise))
     flagged = ""
     if config.post_validate != "off" and best is not None:

@@ -61,8 +61,8 @@ def snapshot_task(store_root: Path, spec: SessionSpec, gate_result, retained: bo
 
 @task(name="session-report", task_run_name=_NAME + "report", cache_policy=NO_CACHE)
 def report_task(spec: SessionSpec, workspace, agent_result, gate_result, snapshot: str, retained: bool,
-                reasons: tuple[str, ...], wall_s: float) -> SessionOutcome:
-    outcome = record(spec, workspace, agent_result, gate_result, snapshot, retained, reasons, wall_s)
+                reasons: tuple[str, ...], wall_s: float, objective: str) -> SessionOutcome:
+    outcome = record(spec, workspace, agent_result, gate_result, snapshot, retained, reasons, wall_s, objective)
     measurements = render_gate_for_agents(gate_result) if gate_result is not None else ""
     create_markdown_artifact(session_markdown(outcome, measurements, spec.session_dir),
                              key=stable_key("session", spec.chain, f"s{spec.session}"),
@@ -102,6 +102,7 @@ def session_task(config: RunConfig, spec: SessionSpec, store_root: Path) -> Sess
     (snapshot, retained, reasons), last = _step(snapshot_task, store_root, spec, judgement.gate_result, retained,
                                                 reasons, after=last)
     outcome, _ = _step(report_task, spec, workspace, agent_result, judgement.gate_result, snapshot, retained,
-                       reasons, time.monotonic() - t0, after=last)
-    print(progress_line(spec.session_dir, agent_result.notes, outcome))  # speedups, noise, the run's best so far
+                       reasons, time.monotonic() - t0, config.objective, after=last)
+    # speedups, noise, the run's best so far
+    print(progress_line(spec.session_dir, agent_result.notes, outcome, config.objective))
     return SessionResult(spec.chain, spec.session, outcome=outcome)

@@ -15,8 +15,8 @@ import pytest
 from seis.evaluator.schema import SpeedRow, SpeedStat, SpeedTable, SpeedWorkloadInfo
 from seis.run_config import RunConfig
 from seis.session import RunDir, pick_best
-from seis.session.progress import (GainNoise, gain_noise, pick_best_of_run, progress_line, run_failure,
-                                   session_gain_noise, session_line, within_noise)
+from seis.session.progress import (GainNoise, dev_speedups, gain_noise, pick_best_of_run, progress_line,
+                                   run_failure, session_gain_noise, session_line, within_noise)
 from seis.session.resume import save_outcome
 from seis.session.spec import SessionOutcome
 from seis.workspace import Report
@@ -163,6 +163,56 @@ def test_the_runs_best_reads_the_noise_from_each_sessions_gate(tmp_path):
     assert best is outcomes[1] and not best_noisy
     line = progress_line(run.session_dir("c0", 0), "notes", outcomes[0])
     assert "vs vanilla 1.47x (within noise)" in line and line.endswith("best so far 1.10x (c1/s0)")
+
+
+def two_workloads(single: tuple[SpeedStat, float], batched: tuple[SpeedStat, float],
+                  vanilla: tuple[SpeedStat, SpeedStat]) -> SpeedTable:
+    """A gate's speed table with one one-at-a-time and one batched workload: the candidate's tok/s and ratio over
+    vanilla on each (over its parent alike), and vanilla's tok/s (the parent's alike)."""
+    infos = [SpeedWorkloadInfo(name=n, n_prompts=1, max_new_tokens=8, ignore_eos=False, workload_digest="d",
+                               batch=b) for n, b in (("dev-natural@8", 1), ("dev-natural@8-batch4", 4))]
+    rows = []
+    for name, (cand, ratio), base in (("dev-natural@8", single, vanilla[0]),
+                                      ("dev-natural@8-batch4", batched, vanilla[1])):
+        rows.append(SpeedRow(workload=name, engine="candidate", tokens_per_pass=8.0, tok_per_s=cand,
+                             latency_ms=None, vs_parent=ratio, vs_vanilla=ratio))
+        rows += [SpeedRow(workload=name, engine=e, tokens_per_pass=8.0, tok_per_s=base, latency_ms=None)
+                 for e in ("parent", "vanilla")]
+    return SpeedTable(device="cuda", reps=3, method="m", workloads=infos, rows=rows)
+
+
+def test_the_best_pick_ranks_engines_on_the_runs_objective(tmp_path):
+    """A throughput run's best engine is the one fastest with many requests in flight, not the fastest one at a
+    time; "both" ranks on the geometric mean of the two."""
+    vanilla = (stat(99, 100, 101), stat(990, 1000, 1010))
+    latency_engine = two_workloads((stat(249, 250, 251), 2.5), (stat(899, 900, 901), 0.9), vanilla)
+    server_engine = two_workloads((stat(179, 180, 181), 1.8), (stat(1499, 1500, 1501), 1.5), vanilla)
+    assert dev_speedups(latency_engine, "single") == dev_speedups(latency_engine, "none") == (2.5, 2.5)
+    assert dev_speedups(latency_engine, "throughput") == (0.9, 0.9)
+    assert dev_speedups(latency_engine, "both")[0] == pytest.approx((2.5 * 0.9) ** 0.5)
+    assert dev_speedups(None, "both") == (None, None)
+    # within noise only where it is so on every ranked workload
+    even_batched = two_workloads((stat(249, 250, 251), 2.5), (stat(995, 1000, 1005), 1.0), vanilla)
+    assert gain_noise(even_batched, "throughput") == GainNoise(True, True)
+    assert gain_noise(even_batched, "both") == gain_noise(even_batched, "single") == GainNoise(False, False)
+    # a table whose gate timed no batched workload: the one-at-a-time one ranks, whatever the objective
+    single_only = latency_engine.model_copy(update={
+        "workloads": latency_engine.workloads[:1],
+        "rows": [r for r in latency_engine.rows if r.workload == "dev-natural@8"]})
+    assert dev_speedups(single_only, "throughput") == (2.5, 2.5)
+
+    run = RunDir.create(tmp_path / "run", "{}")
+    tables = {"latency": latency_engine, "server": server_engine}
+    for objective, expected in (("single", "latency"), ("throughput", "server"), ("both", "server")):
+        outcomes = []
+        for i, (snapshot, table) in enumerate(tables.items()):
+            d = run.session_dir(f"{objective}{i}", 0)
+            d.mkdir(parents=True)
+            (d / "gate.json").write_text(json.dumps({"verdict": "pass", "speed": table.model_dump(mode="json")}))
+            vs_vanilla, vs_parent = dev_speedups(table, objective)
+            outcomes.append(outcome(f"{objective}{i}", 0, "pass", vs_vanilla, vs_parent, snapshot=snapshot))
+        best, within = pick_best_of_run(run.root, outcomes, objective)
+        assert (best.snapshot, within) == (expected, False), objective
 
 
 # ---- (d) sessions_done as sessions finish --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ every session still failed (nothing in it was judged). Nothing here imports Pref
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +16,8 @@ BASELINES = ("parent", "vanilla")
 
 def within_noise(candidate, baseline) -> bool:
     """Whether a speedup is within noise: the candidate's tok/s range over the gate's repetitions (min..max of the
-    per-repetition tok/s, SpeedStat) overlaps the baseline engine's range in the same gate, on the workload the
-    session's speedups come from (single request, natural length). The gate times at least three interleaved
+    per-repetition tok/s, SpeedStat) overlaps the baseline engine's range in the same gate, on a workload the
+    session's speedups come from (ranked_workloads). The gate times at least three interleaved
     repetitions; if the slowest pass of one engine is faster than the fastest pass of the other, the gap is
     bigger than anything this gate saw the machine do to the same engine, and the speedup counts. Otherwise it
     is within noise, whatever the median ratio says. Conservative by design: on a quiet machine ranges are
@@ -35,28 +36,54 @@ class GainNoise:
     vs_vanilla: bool = False
 
 
-def speed_rows(speed) -> dict:
-    """engine -> SpeedRow on the workload a session's dev speedups come from: the natural-length one, timed one
-    request at a time (as steps.dev_speedups picks it)."""
+def ranked_workloads(speed, objective: str = "none") -> list[str]:
+    """The dev workloads a session's speedups come from, by the run's objective (seis.session.objective): the
+    natural-length one timed one request at a time (single, and none, whose timings judge nothing but still rank),
+    the batched one (throughput), or both (both). A table without the objective's batched workload (the gate timed
+    none): the one-at-a-time one."""
     if speed is None:
-        return {}
-    single = {w.name for w in speed.workloads if w.batch == 1}
-    names = [r.workload for r in speed.rows if r.engine == "candidate" and r.workload in single]
-    name = next((n for n in names if "natural" in n), names[0] if names else None)
-    return {r.engine: r for r in speed.rows if r.workload == name}
+        return []
+    timed = {r.workload for r in speed.rows if r.engine == "candidate"}
+    single = [w.name for w in speed.workloads if w.batch == 1 and w.name in timed]
+    natural = next((n for n in single if "natural" in n), single[0] if single else None)
+    batched = [w.name for w in speed.workloads if w.batch > 1 and w.name in timed]
+    chosen = {"throughput": batched, "both": [natural, *batched]}.get(objective, [natural])
+    return [n for n in chosen if n is not None] or ([natural] if natural else [])
 
 
-def gain_noise(speed) -> GainNoise:
-    """GainNoise from a gate's speed table (SpeedTable, or None: not measured)."""
-    rows = speed_rows(speed)
-    cand = rows.get("candidate")
-    if cand is None or cand.tok_per_s is None:
-        return GainNoise()
-    stat = {b: (rows[b].tok_per_s if b in rows else None) for b in BASELINES}
-    return GainNoise(within_noise(cand.tok_per_s, stat["parent"]), within_noise(cand.tok_per_s, stat["vanilla"]))
+def _engine_rows(speed, objective: str) -> list[dict]:
+    """engine -> SpeedRow, one dict per ranked workload."""
+    names = ranked_workloads(speed, objective)
+    return [{r.engine: r for r in speed.rows if r.workload == name} for name in names]
 
 
-def session_gain_noise(session_dir: Path) -> GainNoise:
+def dev_speedups(speed, objective: str = "none") -> tuple[float | None, float | None]:
+    """(vs vanilla, vs parent) of the candidate: its ratio on the ranked workload, the geometric mean of its ratios
+    where the objective ranks several (both: one request at a time and batched), None where any is missing."""
+    rows = [r["candidate"] for r in _engine_rows(speed, objective) if "candidate" in r]
+    return (_geometric_mean([r.vs_vanilla for r in rows]), _geometric_mean([r.vs_parent for r in rows]))
+
+
+def _geometric_mean(ratios: list[float | None]) -> float | None:
+    if not ratios or any(r is None or r <= 0 for r in ratios):
+        return None
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
+def gain_noise(speed, objective: str = "none") -> GainNoise:
+    """GainNoise from a gate's speed table (SpeedTable, or None: not measured): within noise against a baseline
+    when it is so on every ranked workload (no gain or loss shown on any)."""
+    noisy = {b: [] for b in BASELINES}
+    for rows in _engine_rows(speed, objective):
+        cand = rows.get("candidate")
+        if cand is None or cand.tok_per_s is None:
+            return GainNoise()
+        for b in BASELINES:
+            noisy[b].append(within_noise(cand.tok_per_s, rows[b].tok_per_s if b in rows else None))
+    return GainNoise(*(bool(noisy[b]) and all(noisy[b]) for b in BASELINES))
+
+
+def session_gain_noise(session_dir: Path, objective: str = "none") -> GainNoise:
     """GainNoise of a recorded session: from its gate.json, or the speed table of the verdict it reused as
     gate-reused.json recorded it (older records: the gated session's gate.json). No gate recorded: not
     measured."""
@@ -73,7 +100,7 @@ def session_gain_noise(session_dir: Path) -> GainNoise:
             reused, root = reused_from(session_dir), run_root_of(session_dir)
             if not recorded and reused and root is not None:
                 speed = json.loads((root / reused / "gate.json").read_text()).get("speed")
-        return gain_noise(SpeedTable.model_validate(speed) if speed else None)
+        return gain_noise(SpeedTable.model_validate(speed) if speed else None, objective)
     except (OSError, ValueError, AttributeError):
         return GainNoise()
 
@@ -83,17 +110,20 @@ def noisy_sessions(outcomes: list[SessionOutcome], noise: dict[tuple[str, int], 
     return {(o.chain, o.session) for o in outcomes if noise.get((o.chain, o.session), GainNoise()).vs_vanilla}
 
 
-def run_noise(root: Path, outcomes: list[SessionOutcome]) -> dict[tuple[str, int], GainNoise]:
+def run_noise(root: Path, outcomes: list[SessionOutcome], objective: str = "none"
+              ) -> dict[tuple[str, int], GainNoise]:
     """GainNoise of each recorded session of a run directory."""
     from .rundir import RunDir
     run = RunDir(Path(root))
-    return {(o.chain, o.session): session_gain_noise(run.session_dir(o.chain, o.session)) for o in outcomes}
+    return {(o.chain, o.session): session_gain_noise(run.session_dir(o.chain, o.session), objective)
+            for o in outcomes}
 
 
-def pick_best_of_run(root: Path, outcomes: list[SessionOutcome]) -> tuple[SessionOutcome | None, bool]:
+def pick_best_of_run(root: Path, outcomes: list[SessionOutcome], objective: str = "none"
+                     ) -> tuple[SessionOutcome | None, bool]:
     """The run's best engine (lineage.pick_best, a gain within noise ranked as 1.0x) and whether its own gain over
     vanilla is within noise."""
-    noisy = noisy_sessions(outcomes, run_noise(root, outcomes))
+    noisy = noisy_sessions(outcomes, run_noise(root, outcomes, objective))
     best = pick_best(outcomes, noisy)
     return best, best is not None and (best.chain, best.session) in noisy
 
@@ -126,17 +156,17 @@ def session_line(outcome: SessionOutcome, notes: str, noise: GainNoise = GainNoi
             f"vs vanilla {speedup_text(outcome.dev_speedup_vs_vanilla, noise.vs_vanilla)}; best so far {best_text}")
 
 
-def progress_line(session_dir: Path, notes: str, outcome: SessionOutcome) -> str:
+def progress_line(session_dir: Path, notes: str, outcome: SessionOutcome, objective: str = "none") -> str:
     """The session line of a session just recorded in its run directory; the best so far is picked, as best.json
     will be, from every outcome the run directory holds now (a resumed run's stale ones are set aside as it starts)."""
     from .resume import recorded_outcomes
     from .rundir import run_root_of
 
-    noise = session_gain_noise(session_dir)
+    noise = session_gain_noise(session_dir, objective)
     root = run_root_of(session_dir)
     if root is None:
         return session_line(outcome, notes, noise)
-    best, best_noisy = pick_best_of_run(root, recorded_outcomes(root))
+    best, best_noisy = pick_best_of_run(root, recorded_outcomes(root), objective)
     return session_line(outcome, notes, noise, best, best_noisy)
 
 

@@ -13,6 +13,7 @@ from ..store import DvcError, StoreError, TreeRefused
 from ..workspace import Report, Workspace, prepare_workspace
 from ..workspace.tree import TreeError
 from .objective import slower_than_parent
+from .progress import dev_speedups
 from .resume import save_outcome
 from .reuse import reused_from
 from .spec import SessionOutcome, SessionSpec
@@ -87,19 +88,10 @@ def gate_workspace(config: RunConfig, spec: SessionSpec, workspace: Workspace, p
     return result
 
 
-def dev_speedups(gate_result) -> tuple[float | None, float | None]:
-    """(vs vanilla, vs parent) of the candidate on the natural-length dev workload, one request at a time."""
-    if gate_result is None or gate_result.speed is None:
-        return None, None
-    single = {w.name for w in gate_result.speed.workloads if w.batch == 1}
-    rows = [r for r in gate_result.speed.rows if r.engine == "candidate" and r.workload in single]
-    natural = next((r for r in rows if "natural" in r.workload), rows[0] if rows else None)
-    return (natural.vs_vanilla, natural.vs_parent) if natural else (None, None)
-
-
 def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_result, snapshot: str,
-           retained: bool, reasons: tuple[str, ...], wall_s: float) -> SessionOutcome:
-    """Write workspace.diff and report.md (the agent's notes + the gate's verdict and table); build the outcome."""
+           retained: bool, reasons: tuple[str, ...], wall_s: float, objective: str = "none") -> SessionOutcome:
+    """Write workspace.diff and report.md (the agent's notes + the gate's verdict and table); build the outcome, its
+    dev speedups taken on the workloads of the run's objective (progress.ranked_workloads)."""
     from ..evaluator import render_gate_for_agents
 
     (spec.session_dir / "workspace.diff").write_text(_diff_or_reason(workspace, reasons),
@@ -116,7 +108,7 @@ def record(spec: SessionSpec, workspace: Workspace, agent: AgentResult, gate_res
                         f"its verdict and measurements are reused.\n\n{measurements}")
     markdown = stamp_verdict(agent.report_markdown, verdict_word, measurements)
     (spec.session_dir / "report.md").write_text(markdown)
-    vs_vanilla, vs_parent = dev_speedups(gate_result)
+    vs_vanilla, vs_parent = dev_speedups(gate_result.speed if gate_result is not None else None, objective)
     verdict = gate_result.verdict if gate_result is not None else ("no_change" if agent.status == "no_change"
                                                                     else "error")
     outcome = SessionOutcome(
