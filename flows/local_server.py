@@ -15,7 +15,6 @@ version, in the SEIS cache. A home that has a database (a resumed run's) keeps i
 """
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import shutil
@@ -41,8 +40,15 @@ class ServerError(RuntimeError):
     """The local Prefect server did not come up."""
 
 
-def _die_with_parent() -> None:  # in the child, before exec
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+# `python -m prefect` that dies with the process that started it (SIGTERM at its exit). Set here, not in a
+# preexec_fn: with one, Python runs its at-fork hooks around the fork, and a Ctrl-C that lands in one of them is
+# printed and dropped (the run went on).
+_SERVE = ("import ctypes, os, runpy, signal, sys\n"
+          f"ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, signal.SIGTERM)\n"
+          "if os.getppid() != int(sys.argv[1]):\n"
+          "    sys.exit('the process that started this server has ended')\n"
+          "sys.argv = ['prefect', *sys.argv[2:]]\n"
+          "runpy.run_module('prefect', run_name='__main__', alter_sys=True)\n")
 
 
 def _free_port() -> int:
@@ -142,19 +148,27 @@ def _start(home: Path, startup_s: float, lock: int) -> LocalServer:
     port = _free_port()
     env = server_env(home)
     with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                 "--port", str(port)], env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(os.getpid()), "server", "start", "--host",
+                                 "127.0.0.1", "--port", str(port)], env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     server = LocalServer(f"http://127.0.0.1:{port}/api", proc, log, lock)
+    try:
+        _wait_healthy(server, startup_s)
+    except BaseException:   # Ctrl-C while it starts, too: no server is left behind; the caller releases the home
+        server._end(10.0)
+        raise
+    return server
+
+
+def _wait_healthy(server: LocalServer, startup_s: float) -> None:
     deadline = time.monotonic() + startup_s
     while not _healthy(server.url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            why = f"exited with {proc.returncode}" if proc.poll() is not None else f"no answer in {startup_s:.0f} s"
-            server._end(10.0)   # the caller releases the home
-            tail = log.read_text(errors="replace")[-2000:]
-            raise ServerError(f"the local Prefect server ({server.url}) {why}; {log}:\n{tail}")
+        if server.proc.poll() is not None or time.monotonic() > deadline:
+            why = f"exited with {server.proc.returncode}" if server.proc.poll() is not None else \
+                f"no answer in {startup_s:.0f} s"
+            tail = server.log.read_text(errors="replace")[-2000:]
+            raise ServerError(f"the local Prefect server ({server.url}) {why}; {server.log}:\n{tail}")
         time.sleep(0.25)
-    return server
 
 
 def seed_database(home: Path) -> Path:

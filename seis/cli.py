@@ -244,17 +244,17 @@ def evolve(
     values = {name: [v.strip() for item in value for v in item.split(",") if v.strip()]  # a JSON option stays as given
               if name in lists and value is not None else value for name, value in fields.items()}
     config = _evolve_preflight(values, resume)
-    _prefect_api(config.out)
-    from flows.runtime import apply
-    apply()  # Prefect's settings, before Prefect is imported
-    from flows.seis_flow import seis as seis_flow
-    _stacks_on_sigusr1()
-    previous = _stop_engines_on_interrupt()
+    previous = _stop_engines_on_interrupt()  # from here on: the Prefect server's start-up takes seconds
     try:
+        _prefect_api(config.out)
+        from flows.runtime import apply
+        apply()  # Prefect's settings, before Prefect is imported
+        from flows.seis_flow import seis as seis_flow
+        _stacks_on_sigusr1()
         state = seis_flow(**({"resume": str(resume)} if resume is not None else {"config": config}),
                           return_state=True)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the engines are dead already, the flow has crashed
-        _fail(f"interrupted; continue with: seis evolve --resume {config.out}", code=130)
+        _fail(_interrupted(config.out), code=130)
     except Exception as e:  # the Prefect API failed under the flow (its server's disk full, the server gone)
         import httpx
         if not isinstance(e, httpx.HTTPError):
@@ -377,6 +377,13 @@ def _stacks_on_sigusr1() -> None:
     import faulthandler
     import signal
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def _interrupted(run_dir: Path) -> str:
+    """What to do after Ctrl-C: continue the run, or, stopped before the flow recorded it, start it again."""
+    if (run_dir / "config.json").is_file():
+        return f"interrupted; continue with: seis evolve --resume {run_dir}"
+    return "interrupted before the run started (nothing of it ran); start it again with the same command"
 
 
 def _stop_engines_on_interrupt() -> dict:

@@ -164,6 +164,38 @@ def test_a_home_whose_server_another_process_runs_is_refused_in_one_line_and_fre
         os.close(fd)
 
 
+def test_the_runs_own_server_dies_with_the_run_killed_outright(tmp_path):
+    """A run's process killed with SIGKILL runs no exit handler; its Prefect server (in a session of its own, out
+    of reach of a signal to the run's process group) still ends, for the kernel tells it its parent is gone."""
+    home = tmp_path / "run" / ".prefect"
+    run = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from flows.local_server import start_local_server
+        server = start_local_server(Path({str(home)!r}))
+        print(server.proc.pid, flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        server_pid = int(run.stdout.readline())
+        assert os.getpgid(server_pid) != os.getpgid(run.pid)
+    finally:
+        run.kill()
+        run.wait()
+    deadline = time.monotonic() + 30
+    while _alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server_pid), "the server outlived the run that started it"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 def test_a_new_home_gets_a_migrated_database_and_a_resumed_one_keeps_its_own(tmp_path):
     """The copy is Prefect's schema at its newest migration (the file `prefect server start` would have made);
     an existing database is never replaced (a resumed run's holds its flow runs and GPU slot)."""

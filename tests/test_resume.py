@@ -290,6 +290,35 @@ def test_ctrl_c_stops_the_run_at_once_and_leaves_nothing_running(how, tmp_path, 
     assert list(pd.read_parquet(run / "summary.parquet").session) == [0]
 
 
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_while_the_prefect_server_starts_says_so_and_leaves_nothing_running(how, tmp_path):
+    """The run's own Prefect server takes seconds to start, before the flow records the run. Ctrl-C or SIGTERM
+    then ends `seis evolve` with exit code 130 and one line that says the run never started (there is nothing to
+    resume), no server is left running, and the same command is accepted again."""
+    run = tmp_path / "run"
+    args = ("--protocol", "chain", "--chains", "1", "--sessions", "1", "--model", "tiny-qwen3", "--device", "cpu",
+            "--gate", "smoke", "--out", str(run), "--store", str(tmp_path / "store"))
+    proc = _evolve(*args, preexec_fn=_sigint_default)
+    deadline = time.monotonic() + 60
+    while not (run / ".prefect" / "server.log").exists():  # the server is being started
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.02)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
+    out = _output_or_stacks(proc, timeout_s=60)
+    assert proc.returncode == 130, out
+    assert "interrupted before the run started" in out and "Traceback" not in out, out
+    assert not (run / "config.json").exists()
+    deadline = time.monotonic() + 15
+    while (left := _processes_of(run)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"still running after the run ended: {left}"
+    RunConfig(protocol="chain", chains=1, sessions=1, model="tiny-qwen3", device="cpu", gate="smoke", out=run,
+              store=tmp_path / "store").preflight()   # the same command is not refused for a used output dir
+
+
 def test_evolve_prints_every_threads_stack_on_sigusr1_and_goes_on():
     """What the stuck-run diagnosis above relies on: after `seis evolve`'s set-up, SIGUSR1 prints the stack of
     every thread (a waiting one included) to stderr, and the process carries on."""
