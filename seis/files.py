@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -23,6 +24,18 @@ def write_atomic(path: Path, text: str, mode: int | None = None) -> Path:
         Path(part).unlink(missing_ok=True)
         raise
     return path
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a file that cannot be read as what it should hold (a hand edit, a disk fault) to
+    `<name>.unreadable-<time>` beside it, so that what replaces it loses nothing of it. Returns the new path."""
+    path, stamp, n = Path(path), time.strftime("%Y%m%dT%H%M%S"), 0
+    kept = path.with_name(f"{path.name}.unreadable-{stamp}")
+    while kept.exists():  # one set aside earlier within the same second
+        n += 1
+        kept = path.with_name(f"{path.name}.unreadable-{stamp}-{n}")
+    os.replace(path, kept)
+    return kept
 
 
 def _umask() -> int:

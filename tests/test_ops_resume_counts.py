@@ -117,3 +117,21 @@ def test_a_stale_outcome_is_not_kept_by_a_second_resume_of_a_resume_interrupted_
     done = run_rounds(config, second, resumed=True)
     assert second.ran == [("c0", 2)]
     assert [o.dev_speedup_vs_vanilla for o in done.outcomes] == [1.1, 1.0, 1.0]
+
+
+def test_an_unreadable_status_or_attempt_record_is_kept_beside_the_new_one(tmp_path):
+    """A status.json or flow_runs.json that cannot be read (a hand edit, a disk fault) is not overwritten by the
+    next write: it is kept as <name>.unreadable-<time>, and the new status says so."""
+    run = RunDir.create(tmp_path / "run", "{}")
+    (run.root / "status.json").write_text('{"state": "running", "resumes": 3, ')   # cut short
+    (run.root / "flow_runs.json").write_text('[{"flow_run_id": "fr-0"')
+    status = write_status(run.root, "running", flow_run_id=ATTEMPT, restart=True, message="")
+    run.record_attempt({"flow_run_id": ATTEMPT})
+    kept = {p.name.split(".unreadable-")[0]: p.read_text() for p in run.root.glob("*.unreadable-*")}
+    assert kept == {"status.json": '{"state": "running", "resumes": 3, ', "flow_runs.json": '[{"flow_run_id": "fr-0"'}
+    assert "could not be read" in status.message and read_status(run.root) == status
+    assert [a["flow_run_id"] for a in run.attempts()] == [ATTEMPT]
+    # readable records are appended to and rewritten in place, nothing set aside
+    run.record_attempt({"flow_run_id": "fr-2"})
+    write_status(run.root, "complete", flow_run_id=ATTEMPT)
+    assert len(list(run.root.glob("*.unreadable-*"))) == 2 and len(run.attempts()) == 2

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..files import write_atomic
+from ..files import set_aside, write_atomic
 from .status import RunStatus, read_status, write_status
 
 ATTEMPTS_FILE = "flow_runs.json"
@@ -81,9 +81,13 @@ class RunDir:
             else []
 
     def record_attempt(self, attempt: dict) -> None:
-        """Append one attempt (written whole and atomically: only the flow holding the run's lock writes it)."""
+        """Append one attempt (written whole and atomically: only the flow holding the run's lock writes it). A
+        record that cannot be read is kept beside it (files.set_aside), not overwritten."""
         path = self.root / ATTEMPTS_FILE
-        write_atomic(path, json.dumps([*self.attempts(), attempt], indent=2) + "\n")
+        earlier = self.attempts()
+        if not earlier and path.is_file() and path.read_text(errors="replace").strip() not in ("", "[]"):
+            set_aside(path)
+        write_atomic(path, json.dumps([*earlier, attempt], indent=2) + "\n")
 
     def lock(self):
         """Held by the one flow working in this directory (released by the OS if its process dies)."""

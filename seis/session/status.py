@@ -28,7 +28,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel
 
-from ..files import write_atomic
+from ..files import set_aside, write_atomic
 
 STATUS_FILE = "status.json"
 STATUS_LOCK = ".status.lock"
@@ -104,6 +104,10 @@ def write_status(root: Path, state: State, *, flow_run_id: str, restart: bool = 
     (re)starts the run. A write by another attempt than the one that last started the run changes nothing."""
     with _locked(root):
         old = read_status(root)
+        if old is None and (Path(root) / STATUS_FILE).is_file():  # unreadable: a new one starts, the old one kept
+            kept = set_aside(Path(root) / STATUS_FILE)
+            values["message"] = (f"{values.get('message') or ''} the earlier {STATUS_FILE} could not be read: kept as "
+                                 f"{kept.name}; sessions_done and resumes count from here").strip()
         # an earlier attempt's hook (or flow) can come after a resume restarted the run: its end is not the live one's
         stale = not restart and old is not None and old.flow_run_id not in ("", str(flow_run_id))
         if old is not None and (stale or not _may_replace(old.state, state, restart)):
