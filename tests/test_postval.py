@@ -582,8 +582,8 @@ def test_a_candidate_that_runs_while_frozen_fails_post_validation(tmp_path, prep
                                             **dict(HOSTILE, gsm8k_items=0, dev_requests=0, heldout=False,
                                                    bandwidth_gbs=10.0, natural_max_new_tokens=64,
                                                    fixed_new_tokens=64)))
-        except EngineError as e:
-            assert "ran while it was frozen" in str(e), e
+        except EngineError as e:  # caught running after a freeze, or waking so often that no freeze held it
+            assert "ran while it was frozen" in str(e) or "did not stay frozen" in str(e), e
             assert not (out / "postval.json").exists()
             return
     pytest.fail("the candidate that wakes itself while frozen passed post-validation three times")
