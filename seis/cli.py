@@ -243,9 +243,9 @@ def evolve(
     lists = {name for name, field in RunConfig.model_fields.items() if get_origin(field.annotation) is list}
     values = {name: [v.strip() for item in value for v in item.split(",") if v.strip()]  # a JSON option stays as given
               if name in lists and value is not None else value for name, value in fields.items()}
-    config = _evolve_preflight(values, resume)
-    previous = _stop_engines_on_interrupt()  # from here on: the Prefect server's start-up takes seconds
+    config, previous = None, _stop_engines_on_interrupt()  # the checks and the server's start take seconds too
     try:
+        config = _evolve_preflight(values, resume)
         _prefect_api(config.out)
         from flows.runtime import apply
         apply()  # Prefect's settings, before Prefect is imported
@@ -254,7 +254,7 @@ def evolve(
         state = seis_flow(**({"resume": str(resume)} if resume is not None else {"config": config}),
                           return_state=True)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the engines are dead already, the flow has crashed
-        _fail(_interrupted(config.out), code=130)
+        _fail(_interrupted(config.out if config is not None else resume), code=130)
     except Exception as e:  # the Prefect API failed under the flow (its server's disk full, the server gone)
         import httpx
         if not isinstance(e, httpx.HTTPError):
@@ -379,9 +379,9 @@ def _stacks_on_sigusr1() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
-def _interrupted(run_dir: Path) -> str:
+def _interrupted(run_dir: Path | None) -> str:
     """What to do after Ctrl-C: continue the run, or, stopped before the flow recorded it, start it again."""
-    if (run_dir / "config.json").is_file():
+    if run_dir is not None and (run_dir / "config.json").is_file():
         return f"interrupted; continue with: seis evolve --resume {run_dir}"
     return "interrupted before the run started (nothing of it ran); start it again with the same command"
 

@@ -98,6 +98,31 @@ def test_evolve_options_reach_the_config_as_given(monkeypatch, tmp_path):
     assert seen["agent_prices"] == {"m": [1, 2]} and seen["sessions"] is None and seen["out"] is None
 
 
+@pytest.mark.parametrize("resumed", [False, True])
+def test_ctrl_c_during_the_checks_before_a_run_says_what_to_do(monkeypatch, tmp_path, resumed):
+    """The checks before a run (the model, the store, the output dir) take seconds: Ctrl-C there exits 130 with one
+    line, as later, not silently: start again, or, for a resume, resume again."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    import seis.cli
+    run = tmp_path / "run"
+    run.mkdir()
+    if resumed:
+        (run / "config.json").write_text("{}")
+
+    def preflight(values, resume):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(seis.cli, "_evolve_preflight", preflight)
+    before = signal.getsignal(signal.SIGINT)
+    out = CliRunner().invoke(seis.cli.app, ["evolve", *(["--resume", str(run)] if resumed else ["--out", str(run)])])
+    assert out.exit_code == 130, out.output
+    said = f"continue with: seis evolve --resume {run}" if resumed else "interrupted before the run started"
+    assert said in out.output and len(out.output.strip().splitlines()) == 1, out.output
+    assert signal.getsignal(signal.SIGINT) is before   # the command's own handlers are gone again
+
+
 @pytest.mark.parametrize("args, message", [
     (["--chains", "0"], "--chains: Input should be greater than or equal to 1"),
     (["--max-cost-usd", "-1"], "--max-cost-usd: Input should be greater than 0"),
