@@ -243,16 +243,20 @@ def evolve(
     lists = {name for name, field in RunConfig.model_fields.items() if get_origin(field.annotation) is list}
     values = {name: [v.strip() for item in value for v in item.split(",") if v.strip()]  # a JSON option stays as given
               if name in lists and value is not None else value for name, value in fields.items()}
-    config, previous = None, _stop_engines_on_interrupt()  # the checks and the server's start take seconds too
+    config, (previous, caught) = None, _stop_engines_on_interrupt()  # the checks and the server's start take seconds
     try:
         config = _evolve_preflight(values, resume)
+        _raise_if_caught(caught)
         _prefect_api(config.out)
         from flows.runtime import apply
         apply()  # Prefect's settings, before Prefect is imported
         from flows.seis_flow import seis as seis_flow
         _stacks_on_sigusr1()
+        _raise_if_caught(caught)
         state = seis_flow(**({"resume": str(resume)} if resume is not None else {"config": config}),
                           return_state=True)
+        if not state.is_completed():
+            _raise_if_caught(caught)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the engines are dead already, the flow has crashed
         _fail(_interrupted(config.out if config is not None else resume), code=130)
     except Exception as e:  # the Prefect API failed under the flow (its server's disk full, the server gone)
@@ -386,15 +390,17 @@ def _interrupted(run_dir: Path | None) -> str:
     return "interrupted before the run started (nothing of it ran); start it again with the same command"
 
 
-def _stop_engines_on_interrupt() -> dict:
+def _stop_engines_on_interrupt() -> tuple[dict, list[int]]:
     """Ctrl-C (SIGINT) or SIGTERM: kill every engine sandbox at once and start no new one, so that the gates in
     flight end now (with no verdict) instead of running to their end; then the flow crashes as Prefect makes it.
     A signal the caller set to be ignored (a background job's SIGINT) stays ignored. Returns the handlers it
-    replaced."""
+    replaced and the list the signals caught are added to."""
     import signal
+    caught: list[int] = []
 
     def on_signal(signum, frame):
         from .sandbox import interrupt
+        caught.append(signum)
         interrupt()
         raise KeyboardInterrupt
 
@@ -402,7 +408,14 @@ def _stop_engines_on_interrupt() -> dict:
     for sig in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(sig) is not signal.SIG_IGN:
             previous[sig] = signal.signal(sig, on_signal)
-    return previous
+    return previous, caught
+
+
+def _raise_if_caught(caught: list[int]) -> None:
+    """The KeyboardInterrupt of a signal caught, again: code that the signal interrupted may have swallowed it (an
+    `except BaseException` in a library, a finalizer), and the run must still end as interrupted."""
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _restore_signals(previous: dict) -> None:

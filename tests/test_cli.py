@@ -123,6 +123,35 @@ def test_ctrl_c_during_the_checks_before_a_run_says_what_to_do(monkeypatch, tmp_
     assert signal.getsignal(signal.SIGINT) is before   # the command's own handlers are gone again
 
 
+def test_ctrl_c_that_something_swallowed_still_stops_the_run(monkeypatch, tmp_path):
+    """The handler's KeyboardInterrupt can land in code that swallows it (an `except BaseException` in a library, a
+    finalizer). The run must still not start: exit 130 with the one line, not a run whose engines are refused."""
+    import signal
+    import threading
+    import types
+
+    from typer.testing import CliRunner
+
+    import seis.cli
+    from seis.sandbox import process
+    monkeypatch.setattr(process, "_INTERRUPTED", threading.Event())  # this test's interrupt, not the process's
+    started = []
+
+    def preflight(values, resume):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # swallowed where it landed
+        return types.SimpleNamespace(out=tmp_path / "run")  # what the command reads of the config
+
+    monkeypatch.setattr(seis.cli, "_evolve_preflight", preflight)
+    monkeypatch.setattr(seis.cli, "_prefect_api", lambda out: started.append(out))
+    out = CliRunner().invoke(seis.cli.app, ["evolve", "--out", str(tmp_path / "run")])
+    assert out.exit_code == 130, out.output
+    assert "interrupted before the run started" in out.output and len(out.output.strip().splitlines()) == 1
+    assert started == [] and process.interrupted()  # nothing after the checks ran; every sandbox is refused
+
+
 @pytest.mark.parametrize("args, message", [
     (["--chains", "0"], "--chains: Input should be greater than or equal to 1"),
     (["--max-cost-usd", "-1"], "--max-cost-usd: Input should be greater than 0"),
