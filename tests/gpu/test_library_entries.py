@@ -1,7 +1,7 @@
-"""GPU checks of library entries in an engine: with each, an fp32 tiny-qwen3 engine on CUDA with graphs keeps E0's
-greedy tokens (one batched call and single requests) and E0's scores (batched-scoring changes score();
-fused-qk-norm, qkv-rope-store-epilogue and splitkv-by-batch-size change kernels; decode-pinned-metadata changes how
-decode inputs reach the device).
+"""GPU checks of the library entries that have no kernel tests of their own: with each, an fp32 tiny-qwen3 engine
+on CUDA with graphs keeps E0's greedy tokens (one batched call and single requests) and E0's scores
+(batched-scoring changes score(); fused-qk-norm and splitkv-by-batch-size change kernels; decode-pinned-metadata
+changes how decode inputs reach the device).
 
 Run on a CUDA machine: python -m pytest tests/gpu/test_library_entries.py -q
 """
@@ -17,7 +17,7 @@ from gpu_candidates import PROMPTS, e0_and_candidate, library_candidate  # noqa:
 
 
 @pytest.mark.parametrize("name", ["batched-scoring", "decode-pinned-metadata", "fused-qk-norm",
-                                  "qkv-rope-store-epilogue", "splitkv-by-batch-size"])
+                                  "splitkv-by-batch-size"])
 def test_fp32_engine_with_the_entry_keeps_e0_outputs(name, tmp_path):
     from seis.engine_host.client import Sampling
 
