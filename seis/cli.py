@@ -396,6 +396,7 @@ def _stop_engines_on_interrupt() -> tuple[dict, list[int]]:
     A signal the caller set to be ignored (a background job's SIGINT) stays ignored. Returns the handlers it
     replaced and the list the signals caught are added to."""
     import signal
+    # Not seis.sandbox.interrupted(): a cancellation sets that too, and a cancelled run ends as cancelled, not 130
     caught: list[int] = []
 
     def on_signal(signum, frame):
